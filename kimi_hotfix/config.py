@@ -1,0 +1,103 @@
+"""The environment contract, parsed once per process when vLLM is imported.
+
+KIMI_HOTFIX           1/on/true/yes (default) or 0/off/false/no: master switch
+KIMI_HOTFIX_DISABLE   comma-separated patch names to skip; ``*`` skips all
+KIMI_HOTFIX_FORCE     comma-separated patch names to apply even where vLLM looks fixed
+KIMI_HOTFIX_STRICT    1: a patch that should apply but cannot raises at import
+KIMI_HOTFIX_LOG_LEVEL level of the ``kimi_hotfix`` logger (default INFO)
+
+Nothing here raises: a value that cannot be parsed yields one warning that lists
+the valid values, and the default is kept.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+TRUE = ("1", "on", "true", "yes")
+FALSE = ("0", "off", "false", "no")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class Config:
+    enabled: bool = True
+    disabled: frozenset = frozenset()
+    forced: frozenset = frozenset()
+    strict: bool = False
+    log_level: str = "INFO"
+    warnings: tuple = field(default=())
+    raw: tuple = ()  # (name, value) pairs of the variables that were set
+
+
+def _flag(name, value, default, warnings):
+    if value is None:
+        return default
+    text = value.strip().lower()
+    if text == "":
+        return default
+    if text in TRUE:
+        return True
+    if text in FALSE:
+        return False
+    warnings.append(
+        f"{name}={value!r} is not understood; valid values: "
+        f"{'/'.join(TRUE)} or {'/'.join(FALSE)}; using {'on' if default else 'off'}"
+    )
+    return default
+
+
+def _names(name, value, valid, warnings):
+    if not value:
+        return frozenset()
+    chosen = set()
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item == "*":
+            chosen.update(valid)
+        elif item in valid:
+            chosen.add(item)
+        else:
+            warnings.append(
+                f"{name}: unknown patch name {item!r} ignored; "
+                f"valid names: {', '.join(valid)}, or *"
+            )
+    return frozenset(chosen)
+
+
+def parse(valid_names, environ=None) -> Config:
+    env = os.environ if environ is None else environ
+    warnings: list[str] = []
+    valid = tuple(valid_names)
+    enabled = _flag("KIMI_HOTFIX", env.get("KIMI_HOTFIX"), True, warnings)
+    disabled = _names("KIMI_HOTFIX_DISABLE", env.get("KIMI_HOTFIX_DISABLE"), valid, warnings)
+    forced = _names("KIMI_HOTFIX_FORCE", env.get("KIMI_HOTFIX_FORCE"), valid, warnings)
+    both = sorted(disabled & forced)
+    if both:
+        warnings.append(
+            f"{', '.join(both)} both disabled and forced; KIMI_HOTFIX_DISABLE wins"
+        )
+        forced = forced - disabled
+    strict = _flag("KIMI_HOTFIX_STRICT", env.get("KIMI_HOTFIX_STRICT"), False, warnings)
+    level = (env.get("KIMI_HOTFIX_LOG_LEVEL") or "INFO").strip().upper()
+    if level not in LEVELS:
+        warnings.append(
+            f"KIMI_HOTFIX_LOG_LEVEL={env.get('KIMI_HOTFIX_LOG_LEVEL')!r} is not a level; "
+            f"valid values: {', '.join(LEVELS)}; using INFO"
+        )
+        level = "INFO"
+    raw = tuple(
+        (k, env[k])
+        for k in (
+            "KIMI_HOTFIX",
+            "KIMI_HOTFIX_DISABLE",
+            "KIMI_HOTFIX_FORCE",
+            "KIMI_HOTFIX_STRICT",
+            "KIMI_HOTFIX_LOG_LEVEL",
+        )
+        if k in env
+    )
+    return Config(enabled, disabled, forced, strict, level, tuple(warnings), raw)

@@ -1,0 +1,72 @@
+"""kimi-hotfix bootstrap (see README.md). Runs in every Python process that has
+this directory on PYTHONPATH, most of which never import vLLM, so it does almost
+nothing: it puts a one-method finder in front of sys.meta_path that waits for
+``import vllm``, and then chains the container's own sitecustomize (the next one
+on sys.path), which still runs exactly once. When vLLM is imported the finder
+removes itself and calls ``kimi_hotfix.core.arm()``, which reads the environment,
+imports wrapt and registers post-import hooks on the vLLM modules it patches.
+Stdlib only, no imports here: containers often run without bytecode caches, so
+this file is compiled at every start and is kept short (bench/startup.py).
+"""
+import sys
+
+ALIAS = "kimi_hotfix_sitecustomize"  # where status finds this module
+LOADED_FROM = __file__
+CHAINED = []  # origins of the sitecustomize modules chained from here
+
+
+class VllmImportTrigger:
+    __slots__ = ()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "vllm":
+            fire(self)
+
+    def invalidate_caches(self):
+        pass
+
+
+def fire(trigger=None):
+    if trigger in sys.meta_path:
+        sys.meta_path.remove(trigger)
+    try:
+        from kimi_hotfix import core
+    except Exception as exc:  # a broken install must not break vLLM's import
+        import logging
+
+        logging.getLogger("kimi_hotfix").warning("kimi-hotfix inactive: %r", exc)
+        return
+    core.arm("sitecustomize")  # contains its own failures; strict mode raises
+
+
+def chain():
+    import os
+
+    external = sys.modules.get("_frozen_importlib_external")  # no importlib.util:
+    bootstrap = sys.modules.get("_frozen_importlib")  # it costs ms to import
+    if external is None or bootstrap is None:
+        import importlib._bootstrap as bootstrap
+        import importlib._bootstrap_external as external
+    here = os.path.dirname(os.path.abspath(__file__))
+    entries = [os.path.abspath(e or os.curdir) for e in sys.path]
+    rest = entries[entries.index(here) + 1 :] if here in entries else entries
+    spec = external.PathFinder.find_spec("sitecustomize", [e for e in rest if e != here])
+    if spec is None or spec.loader is None:
+        return
+    CHAINED.append(spec.origin)
+    module = bootstrap.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module  # ``import sitecustomize`` names theirs
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules["sitecustomize"] = sys.modules[ALIAS]
+        raise  # site.py reports it exactly as it would without us
+
+
+if ALIAS not in sys.modules:  # a second run of this file changes nothing
+    sys.modules[ALIAS] = sys.modules[__name__]
+    if "vllm" in sys.modules:
+        fire()
+    elif not any(type(f).__name__ == "VllmImportTrigger" for f in sys.meta_path):
+        sys.meta_path.insert(0, VllmImportTrigger())
+    chain()
