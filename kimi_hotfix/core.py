@@ -96,6 +96,7 @@ _hooks_registered = False
 _summary_logged = False
 _wrapper_failures: set = set()
 _log_handler = None
+_forced_at_runtime: set = set()  # core.force(): preflight applies unneeded patches
 
 
 def patches() -> dict:
@@ -292,7 +293,7 @@ def _settle(name: str, module) -> None:
         if _states.get(name) not in (PENDING, UNDONE):
             return
         patch = patches()[name]
-        forced = name in _config.forced
+        forced = name in _config.forced or name in _forced_at_runtime
         try:
             needed, reason = patch.check(module)
         except Exception as exc:
@@ -385,6 +386,22 @@ def reapply(name=None) -> dict:
             if module is not None:
                 _settle(patch_name, module)
     return dict(_states)
+
+
+def force(name: str) -> str:
+    """Apply ``name`` now even where vLLM looks fixed (``check --with``); its
+    module must be loaded. Returns the new state."""
+    with _lock:
+        if _config is None:
+            arm("force")
+        _forced_at_runtime.add(name)
+        if _states.get(name, "").startswith(APPLIED):
+            return _states[name]
+        _states[name] = UNDONE
+    module = sys.modules.get(patches()[name].target)
+    if module is not None:
+        _settle(name, module)
+    return _states[name]
 
 
 def states() -> dict:
