@@ -1,34 +1,74 @@
 """kimi-hotfix bootstrap (see README.md). Runs in every Python process that has
 this directory on PYTHONPATH, most of which never import vLLM, so it does almost
-nothing: it puts a one-method finder in front of sys.meta_path that waits for
+nothing: it puts a small finder in front of sys.meta_path that waits for
 ``import vllm``, and then chains the container's own sitecustomize (the next one
-on sys.path), which still runs exactly once. When vLLM is imported the finder
-removes itself and calls ``kimi_hotfix.core.arm()``, which reads the environment,
-imports wrapt and registers post-import hooks on the vLLM modules it patches.
+on sys.path), which still runs exactly once. When vLLM is imported, just before
+its ``__init__`` runs, ``kimi_hotfix.core.arm()`` reads the environment, imports
+wrapt and registers post-import hooks on the vLLM modules it patches.
 Stdlib only, no imports here: containers often run without bytecode caches, so
-this file is compiled at every start and is kept short (bench/startup.py).
+this file may be compiled at every start, so it is kept short (bench/startup.py).
 """
 import sys
 
 ALIAS = "kimi_hotfix_sitecustomize"  # where status finds this module
 LOADED_FROM = __file__
 CHAINED = []  # origins of the sitecustomize modules chained from here
+ARMED = False
+SEARCHING = False
 
 
 class VllmImportTrigger:
+    """Finds nothing itself. For ``vllm`` it asks the finders after it and wraps
+    the loader, so the shim arms when vLLM is really imported, not when a library
+    merely asks ``importlib.util.find_spec("vllm")``."""
+
     __slots__ = ()
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname == "vllm":
-            fire(self)
+        if fullname != "vllm" or ARMED or SEARCHING:
+            return None
+        return find_vllm(self, path, target)
 
     def invalidate_caches(self):
         pass
 
 
-def fire(trigger=None):
-    if trigger in sys.meta_path:
-        sys.meta_path.remove(trigger)
+class ArmingLoader:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        fire()  # before vllm/__init__ runs, so hooks see its submodule imports
+        module.__loader__ = module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+
+
+def find_vllm(trigger, path, target):
+    global SEARCHING
+    SEARCHING = True
+    try:
+        for finder in [f for f in sys.meta_path if f is not trigger]:
+            find = getattr(finder, "find_spec", None)
+            spec = find and find("vllm", path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = ArmingLoader(spec.loader)
+                return spec
+    finally:
+        SEARCHING = False
+
+
+def fire():
+    global ARMED
+    if ARMED:
+        return
+    ARMED = True
     try:
         from kimi_hotfix import core
     except Exception as exc:  # a broken install must not break vLLM's import

@@ -331,7 +331,9 @@ def _recorder(name: str, records: list):
     import wrapt
 
     def wrap(owner, attr: str, wrapper):
-        original = owner.__dict__[attr] if attr in vars(owner) else getattr(owner, attr)
+        if attr not in vars(owner):
+            raise PatchError(f"{getattr(owner, '__qualname__', owner)}.{attr} is not defined there")
+        original = vars(owner)[attr]
         if getattr(original, MARKER, None) is not None:
             return None  # wrapped already, by this or another copy of the shim
         proxy = wrapt.FunctionWrapper(original, wrapper)

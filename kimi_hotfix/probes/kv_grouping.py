@@ -1,0 +1,330 @@
+"""Kimi-K3 KV-cache grouping, computed by the installed vLLM's own planner.
+
+Importing this module imports vLLM (CPU is enough: set VLLM_TARGET_DEVICE=cpu).
+The layer sets are built from the real spec classes of
+``vllm.v1.kv_cache_interface`` with Kimi-K3-like shapes; ``grouping(name)`` runs
+vLLM's ``is_kv_cache_spec_uniform`` and ``get_kv_cache_groups`` on a fresh copy
+of one set and describes the result in release-independent JSON, so that the
+output of two vLLM releases (or of one release with and without the shim) can
+be compared with ``==``.
+
+    python [-O] -m kimi_hotfix.probes.kv_grouping
+
+prints one ``KIMI_JSON:{...}`` line per layer set, one for the target + draft
+merge, one for ``preflight()`` and one for the process (version, -O, seed,
+shim state), so a single subprocess computes everything the tests need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from vllm.v1 import kv_cache_interface as kvi
+
+CAPABILITY = "non_causal_multi_token_decode"
+JSON_MARK = "KIMI_JSON:"
+
+# Kimi-K3-like shapes. MLA caches one 576-wide latent (512 kv_lora + 64 rope)
+# per token in bf16, one KV head, no separate V.
+MLA_HEAD = 576
+MLA_DTYPE = torch.bfloat16
+BLOCK = 64
+# KDA (Mamba-family) state per layer at TP=8: 4 heads of 128: three short-conv
+# states (q, k, v: 512 channels x (kernel 4 - 1)) in bf16 and the recurrent
+# state 4 x 128 x 128 in fp32.
+KDA_SHAPES = ((512, 3), (512, 3), (512, 3), (4, 128, 128))
+KDA_DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32)
+
+
+def _mla(block_size=BLOCK, **extra):
+    return kvi.MLAAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=MLA_HEAD, dtype=MLA_DTYPE, **extra
+    )
+
+
+def _kda_page_bytes():
+    return sum(
+        torch.Size(shape).numel() * torch.tensor([], dtype=dtype).element_size()
+        for shape, dtype in zip(KDA_SHAPES, KDA_DTYPES)
+    )
+
+
+def _hybrid_block_size():
+    """Attention block size of a hybrid model: the smallest multiple of 64
+    tokens whose MLA page holds one KDA state (what vLLM's hybrid config does
+    before it pads the Mamba page up to the attention page)."""
+    per_token = _mla(block_size=1).page_size_bytes
+    tokens = -(-_kda_page_bytes() // per_token)
+    return -(-tokens // BLOCK) * BLOCK
+
+
+def _kda(page_bytes, block_size):
+    return kvi.MambaSpec(
+        block_size=block_size,
+        shapes=KDA_SHAPES,
+        dtypes=KDA_DTYPES,
+        page_size_padded=page_bytes,
+    )
+
+
+def _target_name(i):
+    return f"model.layers.{i}.self_attn.attn"
+
+
+def _draft_name(i):
+    return f"drafter.layers.{i}.self_attn.attn"
+
+
+def _kimi_k3_hybrid(mla_first: bool) -> dict:
+    """12 decoder layers, 3 KDA : 1 MLA, plus a 1-layer DSpark MLA draft."""
+    block = _hybrid_block_size()
+    target, draft = _mla(block), _mla(block, **{CAPABILITY: True})
+    kda = _kda(target.page_size_bytes, block_size=block)
+    mla_layers = {_target_name(i): target for i in (3, 7, 11)}
+    mla_layers[_draft_name(0)] = draft
+    kda_layers = {f"model.layers.{i}.self_attn": kda for i in range(12) if i % 4 != 3}
+    first, second = (mla_layers, kda_layers) if mla_first else (kda_layers, mla_layers)
+    return {**first, **second}
+
+
+def _layer_sets() -> dict:
+    target, draft = _mla(), _mla(**{CAPABILITY: True})
+    return {
+        # (a) 4 causal target MLA layers + 2 non-causal DSpark draft MLA layers.
+        "mla_target_draft": {
+            **{_target_name(i): target for i in range(4)},
+            **{_draft_name(i): draft for i in range(2)},
+        },
+        # (b) KDA + MLA target + draft, MLA listed first and KDA listed first.
+        "kda_mla_draft_mla_first": _kimi_k3_hybrid(mla_first=True),
+        "kda_mla_draft_kda_first": _kimi_k3_hybrid(mla_first=False),
+        # (c) MLA layers that differ only in cache_dtype_str.
+        "mla_cache_dtype_str": {
+            **{_target_name(i): _mla(cache_dtype_str="auto") for i in range(2)},
+            **{_target_name(i): _mla(cache_dtype_str="bfloat16") for i in range(2, 4)},
+        },
+    }
+
+
+LAYER_SETS = tuple(_layer_sets())
+
+
+def layer_set(name: str) -> dict:
+    """A fresh ``{layer name: spec}`` dict (the planner may rewrite it)."""
+    sets = _layer_sets()
+    if name not in sets:
+        raise KeyError(f"unknown layer set {name!r}; valid: {', '.join(sets)}")
+    return sets[name]
+
+
+def planner():
+    """vLLM's planner module: kv_cache_planning (0.33) or kv_cache_utils."""
+    try:
+        from vllm.v1.core import kv_cache_planning as module
+    except ImportError:
+        from vllm.v1.core import kv_cache_utils as module
+    return module
+
+
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def _value(value):
+    """A JSON-able, release-independent rendering of one spec field."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return str(value).replace("torch.", "")
+    if isinstance(value, (tuple, list)):
+        return [_value(v) for v in value]
+    return str(getattr(value, "name", value))
+
+
+# Fields that identify a layer's cache in every release from 0.28 to 0.33.
+_FIELDS = (
+    "block_size",
+    "num_kv_heads",
+    "head_size",
+    "dtype",
+    "page_size_bytes",
+    "cache_dtype_str",
+    CAPABILITY,
+    "sliding_window",
+    "shapes",
+    "dtypes",
+)
+
+
+def describe_spec(spec) -> dict:
+    out = {"type": type(spec).__name__}
+    for name in _FIELDS:
+        if hasattr(spec, name):
+            out[name] = _value(getattr(spec, name))
+    return out
+
+
+def describe_group(group) -> dict:
+    spec = group.kv_cache_spec
+    out = {"layers": list(group.layer_names), "spec": describe_spec(spec)}
+    inner = getattr(spec, "kv_cache_specs", None)
+    if isinstance(inner, dict):  # UniformTypeKVCacheSpecs keeps one spec per layer
+        out["layer_specs"] = {name: describe_spec(s) for name, s in inner.items()}
+    return out
+
+
+def grouping(name: str) -> dict:
+    """Run vLLM's own planner on one layer set; JSON-able result.
+
+    ``uniform`` is ``is_kv_cache_spec_uniform``'s answer, ``groups`` the
+    described ``get_kv_cache_groups`` result; either step that raises yields
+    ``{"error": "Type: message"}`` in its place (the planner raising, e.g. the
+    ``-O`` AttributeError, is a result here, not a failure of the probe).
+    """
+    from vllm.config import VllmConfig
+
+    plan = planner()
+    out: dict = {"layer_set": name}
+    try:
+        out["uniform"] = bool(plan.is_kv_cache_spec_uniform(layer_set(name)))
+    except Exception as exc:
+        out["uniform"] = {"error": _err(exc)}
+    try:
+        groups = plan.get_kv_cache_groups(VllmConfig(), layer_set(name))
+        out["groups"] = [describe_group(g) for g in groups]
+    except Exception as exc:
+        out["groups"] = {"error": _err(exc)}
+    return out
+
+
+def mla_merge_target_draft() -> dict:
+    """``MLAAttentionSpec.merge([target, draft])``: the merged capability, or the error."""
+    target, draft = _mla(), _mla(**{CAPABILITY: True})
+    try:
+        merged = kvi.MLAAttentionSpec.merge([target, draft])
+    except Exception as exc:
+        return {"error": _err(exc)}
+    return {"spec": describe_spec(merged), CAPABILITY: getattr(merged, CAPABILITY, None)}
+
+
+# -- preflight ----------------------------------------------------------------
+
+
+def _layer_view(result: dict) -> dict:
+    """layer name -> (group index, effective per-layer spec description)."""
+    view = {}
+    for index, group in enumerate(result["groups"]):
+        per_layer = group.get("layer_specs", {})
+        for layer in group["layers"]:
+            view[layer] = (index, per_layer.get(layer, group["spec"]))
+    return view
+
+
+def problems(result: dict) -> list:
+    """What is wrong with one ``grouping()`` result for Kimi-K3 (empty: right).
+
+    Checks properties that hold for every PYTHONHASHSEED, not one pop's luck:
+    - no planner step raises;
+    - every layer lands in exactly one group, and no group mixes a Mamba/KDA
+      layer with an attention layer;
+    - the DSpark draft layers share one merged MLA group spec with the target
+      layers, and that spec carries the capability; a layer's effective spec
+      never loses the capability its own spec had;
+    - every layer's effective cache_dtype_str is its own (variants kept apart).
+    """
+    name = result["layer_set"]
+    found = []
+    for step in ("uniform", "groups"):
+        if isinstance(result.get(step), dict):
+            found.append(f"{step}: {result[step]['error']}")
+    if found:
+        return found
+    specs = layer_set(name)
+    view = _layer_view(result)
+    listed = [layer for group in result["groups"] for layer in group["layers"]]
+    if sorted(listed) != sorted(specs):
+        found.append("groups do not partition the layers")
+    for index, group in enumerate(result["groups"]):
+        kinds = {isinstance(specs[layer], kvi.MambaSpec) for layer in group["layers"]}
+        if len(kinds) > 1:
+            found.append(f"group {index} mixes Mamba/KDA and MLA layers")
+    for layer, spec in specs.items():
+        if layer not in view:
+            continue
+        index, effective = view[layer]
+        if getattr(spec, CAPABILITY, False) and effective.get(CAPABILITY) is not True:
+            found.append(f"{layer} lost {CAPABILITY}")
+        own = getattr(spec, "cache_dtype_str", None)
+        if hasattr(spec, "cache_dtype_str") and effective.get("cache_dtype_str") != own:
+            found.append(
+                f"{layer} cache_dtype_str {own!r} became {effective.get('cache_dtype_str')!r}"
+            )
+    drafts = [layer for layer in specs if getattr(specs[layer], CAPABILITY, False)]
+    for layer in drafts:
+        index, _ = view.get(layer, (None, None))
+        if index is None:
+            continue
+        group = result["groups"][index]
+        targets = [x for x in group["layers"] if not getattr(specs[x], CAPABILITY, True)]
+        if group["spec"]["type"] != "MLAAttentionSpec" or not targets:
+            found.append(f"{layer} is not in one merged MLA group with the target")
+            break
+    return sorted(set(found))
+
+
+def preflight() -> dict:
+    """Is the Kimi-K3 grouping right with the merge methods as installed now?"""
+    merge = mla_merge_target_draft()
+    found = []
+    if "error" in merge:
+        found.append(f"MLAAttentionSpec.merge(target, draft): {merge['error']}")
+    elif merge[CAPABILITY] is not True:
+        found.append(f"MLAAttentionSpec.merge(target, draft) drops {CAPABILITY}")
+    for name in LAYER_SETS:
+        found.extend(f"{name}: {p}" for p in problems(grouping(name)))
+    return {
+        "patch": "kv_spec_merge",
+        "probe": "vLLM's planner groups Kimi-K3 MLA target + DSpark draft + KDA layers",
+        "ok": not found,
+        "detail": "; ".join(found) if found else "draft capability kept, KDA apart, cache dtypes apart",
+    }
+
+
+def _process_info() -> dict:
+    import vllm
+
+    info = {
+        "vllm": getattr(vllm, "__version__", None),
+        "optimize": sys.flags.optimize,
+        "hashseed": os.environ.get("PYTHONHASHSEED"),
+        "planner": planner().__name__,
+    }
+    shim = sys.modules.get("kimi_hotfix.core")
+    if shim is not None:
+        info["states"] = shim.states()
+        info["merge_wrapped"] = {
+            cls.__name__: shim.is_wrapped(vars(cls)["merge"])
+            for cls in vars(kvi).values()
+            if isinstance(cls, type) and "merge" in vars(cls) and issubclass(cls, kvi.KVCacheSpec)
+        }
+    return info
+
+
+def main() -> int:
+    def emit(obj):
+        print(JSON_MARK + json.dumps(obj, sort_keys=True), flush=True)
+
+    emit({"kind": "process", **_process_info()})
+    emit({"kind": "merge_target_draft", **mla_merge_target_draft()})
+    for name in LAYER_SETS:
+        emit({"kind": "grouping", **grouping(name)})
+    emit({"kind": "preflight", **preflight()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
