@@ -60,6 +60,7 @@ class Patch:
     upstream = ""  # upstream PR / issue
     fixed_in = ""  # first vLLM release that carries the fix
     summary = ""  # what the patch changes, one line
+    decides = ""  # how it decides it is (no longer) needed, one line
 
     def check(self, module) -> tuple[bool, str]:
         """Return (needed, reason) for the loaded ``module``."""

@@ -92,6 +92,7 @@ class CaptureWorkspacePatch(core.Patch):
     upstream = "vllm-project/vllm PR #55774"
     fixed_in = "0.30.0"
     summary = "RecoverSSM: no mixed CUDA graph above max_num_reqs * decode_query_len"
+    decides = "source check: _init_candidates consults use_kda_recoverssm (else version < 0.30.0)"
 
     def _method(self, module):
         manager = getattr(module, "CudaGraphManager", None)

@@ -87,6 +87,7 @@ class KDAOverlongRowsPatch(core.Patch):
     upstream = "vllm-project/vllm PR #55774 follow-up"
     fixed_in = "0.31.0"
     summary = "RecoverSSM: rows longer than num_spec + 1 take the non-speculative path"
+    decides = "source check: build routes rows by '<= self.num_spec + 1' (else version < 0.31.0)"
 
     def _builder(self, module):
         builder = getattr(module, "KimiK3KDAMetadataBuilder", None)
