@@ -82,7 +82,7 @@ def parse(valid_names, environ=None) -> Config:
         )
         forced = forced - disabled
     strict = _flag("KIMI_HOTFIX_STRICT", env.get("KIMI_HOTFIX_STRICT"), False, warnings)
-    level = (env.get("KIMI_HOTFIX_LOG_LEVEL") or "INFO").strip().upper()
+    level = (env.get("KIMI_HOTFIX_LOG_LEVEL") or "").strip().upper() or "INFO"  # blank = unset
     if level not in LEVELS:
         warnings.append(
             f"KIMI_HOTFIX_LOG_LEVEL={env.get('KIMI_HOTFIX_LOG_LEVEL')!r} is not a level; "

@@ -18,6 +18,7 @@ shim state), so a single subprocess computes everything the tests need.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -47,10 +48,7 @@ def _mla(block_size=BLOCK, **extra):
 
 
 def _kda_page_bytes():
-    return sum(
-        torch.Size(shape).numel() * torch.tensor([], dtype=dtype).element_size()
-        for shape, dtype in zip(KDA_SHAPES, KDA_DTYPES)
-    )
+    return sum(math.prod(s) * d.itemsize for s, d in zip(KDA_SHAPES, KDA_DTYPES))
 
 
 def _hybrid_block_size():
@@ -122,12 +120,30 @@ def layer_set(name: str) -> dict:
 
 
 def planner():
-    """vLLM's planner module: kv_cache_planning (0.33) or kv_cache_utils."""
-    try:
-        from vllm.v1.core import kv_cache_planning as module
-    except ImportError:
-        from vllm.v1.core import kv_cache_utils as module
-    return module
+    """vLLM's planner module: ``kv_cache_planning`` (0.33) or ``kv_cache_utils``
+    (up to 0.32), whichever holds the planner functions."""
+    import importlib
+
+    for name in ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "get_kv_cache_groups") and hasattr(module, "is_kv_cache_spec_uniform"):
+            return module
+    raise ImportError("vLLM's KV cache planner (get_kv_cache_groups) not found")
+
+
+def vllm_config():
+    """A model-less ``VllmConfig()`` as the engine core holds it when it plans:
+    the KV cache layout resolved, here to the layer-outermost ``LBNHC`` (the
+    legacy NHD) that puts hybrid models on the page-size bucketing path."""
+    from vllm.config import VllmConfig
+
+    config = VllmConfig()
+    if getattr(config.cache_config, "kv_cache_layout", "absent") is None:
+        config.cache_config.kv_cache_layout = "LBNHC"
+    return config
 
 
 def _err(exc: BaseException) -> str:
@@ -185,8 +201,6 @@ def grouping(name: str) -> dict:
     ``{"error": "Type: message"}`` in its place (the planner raising, e.g. the
     ``-O`` AttributeError, is a result here, not a failure of the probe).
     """
-    from vllm.config import VllmConfig
-
     plan = planner()
     out: dict = {"layer_set": name}
     try:
@@ -194,7 +208,7 @@ def grouping(name: str) -> dict:
     except Exception as exc:
         out["uniform"] = {"error": _err(exc)}
     try:
-        groups = plan.get_kv_cache_groups(VllmConfig(), layer_set(name))
+        groups = plan.get_kv_cache_groups(vllm_config(), layer_set(name))
         out["groups"] = [describe_group(g) for g in groups]
     except Exception as exc:
         out["groups"] = {"error": _err(exc)}
