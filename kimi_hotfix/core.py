@@ -271,9 +271,33 @@ def _arm(source: str) -> dict:
                 return dict(_states)
             _hooks_registered = True
             for name in pending:
-                wrapt.register_post_import_hook(_make_hook(name), patches()[name].target)
+                target = patches()[name].target
+                module = sys.modules.get(target)
+                if module is not None and getattr(module.__spec__, "_initializing", False):
+                    _settle_when_imported(name, module)
+                else:
+                    wrapt.register_post_import_hook(_make_hook(name), target)
         _maybe_log_summary()
         return dict(_states)
+
+
+def _settle_when_imported(name: str, module) -> None:
+    """``module`` is half-executed: another thread is importing it right now (it
+    got there while vllm/__init__ ran, before the hooks existed), or this thread
+    is, further up the stack. wrapt would run the hook on it at once; instead a
+    helper thread, which holds no import lock and so cannot deadlock, waits for
+    that import to finish (its module lock), then settles the patch."""
+
+    def wait():
+        importlib._bootstrap._lock_unlock_module(module.__name__)
+        if sys.modules.get(module.__name__) is module:
+            _make_hook(name)(module)
+        else:  # that import failed: patch a later, successful one
+            import wrapt
+
+            wrapt.register_post_import_hook(_make_hook(name), module.__name__)
+
+    threading.Thread(target=wait, name=f"kimi-hotfix-{name}", daemon=True).start()
 
 
 def _make_hook(name: str):
