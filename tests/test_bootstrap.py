@@ -24,18 +24,10 @@ from conftest import REPO, hermetic_env, json_lines, run_python
 
 pytestmark = pytest.mark.vllm("0.29.0")
 
-STANDINS = REPO / "tests" / "standins"
+from standins.common import PATCHES, PRELUDE, STANDINS, SUMMARY, TARGETS  # noqa: E402
+
 SITECUSTOMIZE = REPO / "sitecustomize.py"
 CONTAINER_SITE = STANDINS / "container_site"
-TARGETS = (
-    "vllm.v1.kv_cache_interface",
-    "vllm.v1.worker.gpu.cudagraph_utils",
-    "vllm.models.kimi_k3.nvidia.kda_metadata",
-)
-PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
-# The child appends the helpers' directory after start-up: it shadows nothing.
-PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
-SUMMARY = "kimi-hotfix 0.1.0 ("
 
 
 def summary_lines(stderr: str) -> list:

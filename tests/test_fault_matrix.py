@@ -21,15 +21,7 @@ from standins.venvs import layered_venv, vllm_site_packages
 
 pytestmark = pytest.mark.vllm("0.29.0")
 
-STANDINS = REPO / "tests" / "standins"
-TARGETS = (
-    "vllm.v1.kv_cache_interface",
-    "vllm.v1.worker.gpu.cudagraph_utils",
-    "vllm.models.kimi_k3.nvidia.kda_metadata",
-)
-PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
-PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
-SUMMARY = "kimi-hotfix 0.1.0 ("
+from standins.common import PATCHES, PRELUDE, STANDINS, SUMMARY, TARGETS  # noqa: E402
 TOGGLES = ("KIMI_HOTFIX", "KIMI_HOTFIX_DISABLE", "KIMI_HOTFIX_FORCE", "KIMI_HOTFIX_STRICT", "KIMI_HOTFIX_LOG_LEVEL")
 
 # Real vLLM: the merge the DSpark bug is about, with the shim's wrapper and with
