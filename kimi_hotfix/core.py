@@ -66,8 +66,10 @@ class Patch:
         """Return (needed, reason) for the loaded ``module``."""
         raise NotImplementedError
 
-    def apply(self, module, wrap) -> None:
-        """Wrap vLLM's methods with ``wrap(owner, attr, wrapper)``."""
+    def apply(self, module, wrap):
+        """Wrap vLLM's methods with ``wrap(owner, attr, wrapper)`` (or
+        ``wrap(owner, attr, replacement=function)``). May return a short note
+        for the state (e.g. which way it applied); None for plain "applied"."""
         raise NotImplementedError
 
     def version_fallback(self, what: str) -> tuple[bool, str]:
@@ -328,7 +330,7 @@ def _settle(name: str, module) -> None:
         else:
             records: list = []
             try:
-                patch.apply(module, _recorder(name, records))
+                note = patch.apply(module, _recorder(name, records))
             except Exception as exc:
                 _restore(records)
                 why = str(exc) if isinstance(exc, PatchError) else f"{type(exc).__name__}: {exc}"
@@ -348,6 +350,8 @@ def _settle(name: str, module) -> None:
                     state += " (already wrapped by another arming)"
                 elif not needed:
                     state += f" (forced; {reason})"
+                if note and records:
+                    state += f" ({note})"
                 _states[name] = state
     _maybe_log_summary()
 
@@ -355,13 +359,24 @@ def _settle(name: str, module) -> None:
 def _recorder(name: str, records: list):
     import wrapt
 
-    def wrap(owner, attr: str, wrapper):
+    def wrap(owner, attr: str, wrapper=None, *, replacement=None):
+        """Put ``wrapper(wrapped, instance, args, kwargs)`` around ``owner.attr``
+        (a ``wrapt.FunctionWrapper``), or install ``replacement``, a function
+        standing in for the original (per-step hot paths, where a wrapper's
+        extra frame costs too much). Either is marked and recorded for undo;
+        the replacement's ``__wrapped__`` is the original."""
         if attr not in vars(owner):
             raise PatchError(f"{getattr(owner, '__qualname__', owner)}.{attr} is not defined there")
         original = vars(owner)[attr]
         if getattr(original, MARKER, None) is not None:
             return None  # wrapped already, by this or another copy of the shim
-        proxy = wrapt.FunctionWrapper(original, wrapper)
+        if (wrapper is None) == (replacement is None):
+            raise PatchError("wrap() takes a wrapper or a replacement")
+        if replacement is None:
+            proxy = wrapt.FunctionWrapper(original, wrapper)
+        else:
+            proxy = replacement
+            proxy.__wrapped__ = original
         setattr(proxy, MARKER, name)
         setattr(owner, attr, proxy)
         records.append(_Record(owner, attr, original, proxy))
