@@ -37,14 +37,11 @@ nothing. Without source files, the version string decides (fixed in 0.30.0).
 
 from __future__ import annotations
 
-import __future__ as _future
 import ast
 import dataclasses
-import inspect
 import sys
-import textwrap
 
-from kimi_hotfix import core
+from kimi_hotfix import core, recompile
 
 CAPABILITY = "non_causal_multi_token_decode"
 
@@ -67,47 +64,14 @@ class _AssertToRaise(ast.NodeTransformer):
         return ast.copy_location(check, node)
 
 
-def _function_ast(func):
-    try:
-        lines, first = inspect.getsourcelines(func)
-    except (OSError, TypeError) as exc:
-        raise core.PatchError(f"source of {func.__qualname__} unavailable ({exc})") from exc
-    tree = ast.parse(textwrap.dedent("".join(lines)))
-    ast.increment_lineno(tree, first - 1)
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
-        raise core.PatchError(f"unexpected source layout for {func.__qualname__}")
-    return tree
-
-
 def has_assert(func) -> bool:
-    return any(isinstance(n, ast.Assert) for n in ast.walk(_function_ast(func)))
+    return any(isinstance(n, ast.Assert) for n in ast.walk(recompile.function_ast(func)))
 
 
 def harden(func):
-    """Recompile vLLM's ``func`` with its asserts turned into explicit raises."""
-    if func.__code__.co_freevars:
-        raise core.PatchError(f"{func.__qualname__} uses a closure; cannot recompile")
-    tree = _AssertToRaise().visit(_function_ast(func))
-    tree.body[0].decorator_list = []
-    ast.fix_missing_locations(tree)
-    filename = inspect.getsourcefile(func) or func.__code__.co_filename
-    code = compile(
-        tree,
-        filename,
-        "exec",
-        flags=_future.annotations.compiler_flag,  # annotations are not evaluated
-        dont_inherit=True,
-        optimize=0,
-    )
-    namespace: dict = {}
-    exec(code, func.__globals__, namespace)
-    hardened = namespace[func.__name__]
-    hardened.__qualname__ = func.__qualname__
-    hardened.__module__ = func.__module__
-    hardened.__doc__ = func.__doc__
-    hardened.__kwdefaults__ = func.__kwdefaults__
-    hardened.__defaults__ = func.__defaults__
-    return hardened
+    """Recompile vLLM's ``func`` with its asserts turned into explicit raises
+    (``optimize=0``: the raises stay under ``-O``)."""
+    return recompile.recompile(func, _AssertToRaise().visit, optimize=0)
 
 
 def merge_classes(module):

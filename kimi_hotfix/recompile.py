@@ -1,0 +1,170 @@
+"""Recompile a vLLM function from vLLM's own source after an AST edit.
+
+Two patches need more than a wrapper around a function:
+
+- ``kv_spec_merge`` changes statements inside vLLM's ``merge`` methods
+  (``assert`` becomes an explicit ``raise``);
+- ``kda_overlong_rows`` sits on ``build``, which runs every engine step, where
+  the extra Python frame of any wrapper costs several microseconds; it inserts a
+  one-comparison guard at the top of vLLM's own body instead.
+
+The source is parsed with its positions as in the file (lines and columns), so
+tracebacks through the recompiled function point at vLLM's own lines, and the
+function is compiled in the module's globals. Before anything is installed,
+``recompile`` checks that the source matches the running code: the pristine
+source, compiled the way the interpreter compiled the module, must give the
+same names, locals, constants and first line as the function that vLLM loaded
+(a stale or edited ``.py`` next to the cached bytecode, or a function that is not
+what its source says, raises ``PatchError`` and the caller keeps the original).
+"""
+
+from __future__ import annotations
+
+import __future__ as _future
+import ast
+import functools
+import inspect
+import types
+
+from kimi_hotfix.core import PatchError
+
+_ANNOTATIONS = _future.annotations.compiler_flag  # annotations are never evaluated
+
+
+def function_ast(func) -> ast.Module:
+    """``func``'s source as a module of one ``def``, with the positions it has
+    in its file. The text is parsed as it is (nested under ``if 1:`` when
+    indented), never dedented: dedenting would change multi-line strings."""
+    try:
+        lines, first = inspect.getsourcelines(func)
+    except (OSError, TypeError) as exc:
+        raise PatchError(f"source of {func.__qualname__} unavailable ({exc})") from exc
+    indented = lines[0][:1].isspace()
+    try:
+        tree = ast.parse(("if 1:\n" if indented else "") + "".join(lines))
+    except SyntaxError as exc:
+        raise PatchError(f"source of {func.__qualname__} does not parse ({exc})") from exc
+    body = tree.body[0].body if indented else tree.body
+    if len(body) != 1 or not isinstance(body[0], ast.FunctionDef):
+        raise PatchError(f"unexpected source layout for {func.__qualname__}")
+    tree = ast.Module(body=body, type_ignores=[])
+    ast.increment_lineno(tree, first - 1 - indented)
+    return tree
+
+
+def _undecorated(tree):
+    """Drop the decorators (the caller passes the undecorated function); the
+    def keeps the first decorator's line, as CPython numbers a decorated def."""
+    funcdef = tree.body[0]
+    if funcdef.decorator_list:
+        funcdef.lineno = min(d.lineno for d in funcdef.decorator_list)
+        funcdef.decorator_list = []
+    return tree
+
+
+class _ModuleImports(ast.NodeVisitor):
+    """Names a module binds with import statements in its own scope."""
+
+    def __init__(self):
+        self.names = []
+
+    def visit_Import(self, node):
+        self.names += [a.asname or a.name.split(".")[0] for a in node.names]
+
+    def visit_ImportFrom(self, node):
+        self.names += [a.asname or a.name for a in node.names if a.name != "*"]
+
+    def _skip(self, node):
+        pass  # another scope
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _skip
+
+
+@functools.lru_cache(maxsize=16)
+def _imported_names(filename):
+    """Import-bound names of the module in ``filename``. CPython compiles
+    ``name.attr(...)`` differently when ``name`` comes from an import statement
+    of the module (LOAD_ATTR instead of LOAD_METHOD, 3.11+), so the recompiled
+    function must see the same declarations to be the same bytecode."""
+    try:
+        with open(filename, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    visitor = _ModuleImports()
+    visitor.visit(tree)
+    return tuple(dict.fromkeys(visitor.names))
+
+
+def _fingerprint(code):
+    return (
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_varnames,
+        code.co_names,
+        code.co_firstlineno,
+        code.co_code,
+        tuple(_fingerprint(c) if isinstance(c, types.CodeType) else c for c in code.co_consts),
+    )
+
+
+def _compile(func, tree, optimize, cells):
+    """Execute ``tree`` (one def) in ``func``'s globals; the def is nested in a
+    factory whose parameters are ``cells`` (closure names), so helpers reach
+    the function through closure cells and never through vLLM's globals."""
+    funcdef = tree.body[0]
+    factory = ast.FunctionDef(
+        name="_kimi_hotfix_factory",
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(arg=name) for name in cells],
+            kwonlyargs=[],
+            kw_defaults=[],
+            defaults=[],
+        ),
+        body=[funcdef, ast.Return(value=ast.Name(id=funcdef.name, ctx=ast.Load()))],
+        decorator_list=[],
+        returns=None,
+        type_comment=None,
+    )
+    filename = inspect.getsourcefile(func) or func.__code__.co_filename
+    body = [ast.copy_location(factory, funcdef)]
+    imported = _imported_names(filename)
+    if imported:  # declared, never executed: ``if 0:`` is compiled away
+        declare = [ast.Import(names=[ast.alias(name=n)]) for n in imported]
+        body.append(ast.If(test=ast.Constant(value=0), body=declare, orelse=[]))
+    module = ast.Module(body=body, type_ignores=[])
+    ast.fix_missing_locations(module)
+    code = compile(module, filename, "exec", flags=_ANNOTATIONS, dont_inherit=True,
+                   optimize=optimize)
+    namespace: dict = {}
+    exec(code, func.__globals__, namespace)
+    return namespace["_kimi_hotfix_factory"](**cells)
+
+
+def recompile(func, edit, *, optimize=-1, cells=None):
+    """vLLM's ``func`` recompiled from its source after ``edit(tree)`` changed
+    the parsed ``ast.Module`` in place (its one ``FunctionDef`` keeps its name;
+    decorators are dropped: pass the undecorated function). ``cells``: names
+    the edited code may use, bound as closure variables. ``optimize``: as for
+    ``compile`` (-1: like the running interpreter)."""
+    if not isinstance(func, types.FunctionType):
+        raise PatchError(f"{func!r} is not a Python function; cannot recompile")
+    if func.__code__.co_freevars:
+        raise PatchError(f"{func.__qualname__} uses a closure; cannot recompile")
+    cells = dict(cells or {})
+    pristine = _undecorated(function_ast(func))
+    if _fingerprint(_compile(func, pristine, -1, {}).__code__) != _fingerprint(func.__code__):
+        raise PatchError(f"source of {func.__qualname__} does not match its running code")
+    tree = _undecorated(function_ast(func))
+    edit(tree)
+    new = _compile(func, tree, optimize, cells)
+    new.__qualname__ = func.__qualname__
+    new.__module__ = func.__module__
+    new.__doc__ = func.__doc__
+    new.__defaults__ = func.__defaults__
+    new.__kwdefaults__ = func.__kwdefaults__
+    new.__annotations__ = func.__annotations__
+    new.__dict__.update(func.__dict__)
+    return new

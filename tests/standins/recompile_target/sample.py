@@ -1,0 +1,41 @@
+"""Stand-in (shim mechanics only, NOT vLLM): functions for the recompile tests."""
+
+
+def passthrough(func):
+    return func
+
+
+class Sample:
+    @classmethod
+    def merge(cls, x):
+        """Docstring, indented like a method's."""
+        text = """first line
+not indented: dedenting the source would change this string"""
+        assert x > 0, "x must be positive"
+        return text, x
+
+    @passthrough
+    def build(self, common_attn_metadata, num_decode_draft_tokens_cpu=None):
+        if common_attn_metadata < 0:
+            raise ValueError("negative input")
+        return common_attn_metadata * 2, num_decode_draft_tokens_cpu
+
+    def swapped(self):
+        return "the source says this"
+
+
+def closure_maker():
+    value = 3
+
+    def uses_closure():
+        return value
+
+    return uses_closure
+
+
+# running code that differs from the source next to it, as when a .py was edited
+# after its bytecode was loaded: same function, same lines, another constant
+_code = Sample.swapped.__code__
+Sample.swapped.__code__ = _code.replace(co_consts=tuple(
+    "but the running code says that" if c == "the source says this" else c
+    for c in _code.co_consts))

@@ -1,0 +1,103 @@
+"""kimi_hotfix.recompile: recompiling a function from its own source (shim
+mechanics; stand-in functions in tests/standins/recompile_target).
+
+Each case runs in a child interpreter, plain, -O and -OO:
+- the pristine recompilation is the running function (same constants, names,
+  locals, first line; multi-line strings are not dedented; the decorated def
+  keeps its number), and behaves the same, asserts included (stripped under -O
+  exactly as in the running code);
+- an edit lands where asked and its helpers arrive as closure cells, not as
+  module globals; an exception raised by vLLM's own statements still points at
+  the line of the source file;
+- ``optimize=0`` keeps asserts under -O (what kv_spec_merge relies on);
+- a function whose running code differs from its source, a closure, a missing
+  source: PatchError, nothing is produced.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import OPT_FLAGS, OPT_IDS, REPO, hermetic_env, json_lines, run_python
+from standins.common import STANDINS
+
+pytestmark = pytest.mark.vllm("0.29.0")
+
+CHILD = r"""
+import ast, inspect, json, sys, traceback
+sys.path.insert(0, %(target)r)
+import sample
+from kimi_hotfix import recompile
+from kimi_hotfix.core import PatchError
+
+out = {"optimize": sys.flags.optimize}
+merge = vars(sample.Sample)["merge"].__func__
+build = vars(sample.Sample)["build"]
+
+def outcome(call):
+    try:
+        return ["ok", call()]
+    except Exception as exc:
+        tb = traceback.extract_tb(exc.__traceback__)[-1]
+        return [type(exc).__name__, str(exc), tb.filename == sample.__file__, tb.line]
+
+same = recompile.recompile(merge, lambda tree: None)
+out["same_consts"] = same.__code__.co_consts == merge.__code__.co_consts
+out["same_firstlineno"] = [same.__code__.co_firstlineno, merge.__code__.co_firstlineno]
+out["merge"] = [[outcome(lambda: f(sample.Sample, x)) for x in (1, -1)] for f in (merge, same)]
+out["merge_doc"] = same.__doc__ == merge.__doc__ and same.__qualname__ == merge.__qualname__
+
+hardened = recompile.recompile(merge, lambda tree: None, optimize=0)
+out["merge_optimize0"] = outcome(lambda: hardened(sample.Sample, -1))
+
+def insert_call(tree):
+    guard = ast.parse("common_attn_metadata, num_decode_draft_tokens_cpu = "
+                      "_helper(common_attn_metadata, num_decode_draft_tokens_cpu)").body
+    tree.body[0].body[:0] = guard
+
+edited = recompile.recompile(build, insert_call,
+                             cells={"_helper": lambda a, d: (a + 1, "from helper")})
+out["edited"] = [outcome(lambda: edited(None, x)) for x in (1, -5)]
+out["helper_not_global"] = "_helper" not in vars(sample)
+out["edited_freevars"] = list(edited.__code__.co_freevars)
+
+for name, func in (("swapped", sample.Sample.swapped), ("closure", sample.closure_maker()),
+                   ("builtin", len)):
+    try:
+        recompile.recompile(func, lambda tree: None)
+        out[name] = "recompiled"
+    except PatchError as exc:
+        out[name] = "PatchError: " + str(exc)
+print("KIMI_JSON:" + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("flags", OPT_FLAGS, ids=OPT_IDS)
+def test_recompile_mechanics(flags):
+    code = CHILD % {"target": str(STANDINS / "recompile_target")}
+    proc = run_python(["-c", code], flags=flags, env=hermetic_env(), cwd=REPO)
+    out = json_lines(proc.stdout)[0]
+    assert out["optimize"] == (flags[0].count("O") if flags else 0)
+    assert out["same_consts"] is True
+    first, running = out["same_firstlineno"]
+    assert first == running
+    original, recompiled = out["merge"]
+    assert recompiled == original
+    text = "first line\nnot indented: dedenting the source would change this string"
+    assert original[0] == ["ok", [text, 1]]
+    if flags:  # -O strips the assert in the running code and in the recompilation alike
+        assert original[1] == ["ok", [text, -1]]
+    else:
+        assert original[1][:3] == ["AssertionError", "x must be positive", True]
+    assert out["merge_doc"] is True
+    # optimize=0: the assert stays, on its own source line
+    assert out["merge_optimize0"] == ["AssertionError", "x must be positive", True,
+                                      'assert x > 0, "x must be positive"']
+    assert out["edited"][0] == ["ok", [4, "from helper"]]
+    assert out["edited"][1] == ["ValueError", "negative input", True,
+                                'raise ValueError("negative input")']
+    assert out["helper_not_global"] is True
+    assert out["edited_freevars"] == ["_helper"]
+    assert out["swapped"] == "PatchError: source of Sample.swapped does not match its running code"
+    assert out["closure"].startswith("PatchError: closure_maker.<locals>.uses_closure uses a closure")
+    assert out["builtin"].startswith("PatchError: ")
