@@ -16,6 +16,10 @@ kda_overlong_rows (KimiK3KDAMetadataBuilder.build):
   metadata 0.33.0 builds for the same input (counts and index tensors); batches
   within capacity build what the unpatched builder builds; with KIMI_HOTFIX=0
   every over-long batch raises the capacity ValueError.
+- 0.29.0 / 0.30.0: the shim installs vLLM's build recompiled with an inline
+  guard; without that file's source (bytecode only) it falls back to a wrapt
+  wrapper that builds the same; a failure inside the router is logged once and
+  leaves vLLM's own behaviour (strict mode raises).
 - 0.33.0: "not needed", not wrapped; forced, every batch builds the same.
 
 preflight(): with each patch undone it fails exactly where the shim says the
@@ -102,12 +106,16 @@ def key(spec):
 _RUNS: dict = {}
 
 
-def probe(version, flags="plain", **env):
+def probe(version, flags="plain", no_source=False, **env):
     """Everything the probe computes in one subprocess of ``version``'s venv.
-    ``env``: KIMI_HOTFIX / KIMI_HOTFIX_FORCE. Cached for the session."""
-    cache_key = (version, flags, tuple(sorted(env.items())))
+    ``env``: KIMI_HOTFIX / KIMI_HOTFIX_FORCE. ``no_source``: inspect finds no
+    source of kda_metadata.py (bytecode only). Cached for the session."""
+    cache_key = (version, flags, no_source, tuple(sorted(env.items())))
     if cache_key not in _RUNS:
-        args = ["-m", "kimi_hotfix.probes.recoverssm", "--preflight", "both" if not env else "none"]
+        args = ["-m", "kimi_hotfix.probes.recoverssm", "--preflight",
+                "both" if not (env or no_source) else "none"]
+        if no_source:
+            args.append("--no-source")
         for spec in PLANS + PLANS_OFF:
             args += ["--plan", json.dumps(spec)]
         for spec in KDA_OVERLONG + KDA_WITHIN:
@@ -233,6 +241,8 @@ def test_overlong_rows_build_what_033_builds(flags):
     ours, ref, off = probe(VLLM_VERSION, flags), unpatched("0.33.0"), unpatched(VLLM_VERSION, flags)
     assert ours["state", "start"]["states"]["kda_overlong_rows"] == "applied"
     assert ours["state", "start"]["wrapped"]["kda_overlong_rows"] is True
+    # the recompiled build with the inline guard, not the wrapt fallback
+    assert ours["state", "start"]["kda_build_kind"] == "inline"
     assert ref["state", "start"]["wrapped"]["kda_overlong_rows"] is False
     for spec in KDA_OVERLONG:
         o, r, u = ours["kda", key(spec)], ref["kda", key(spec)], off["kda", key(spec)]
@@ -254,6 +264,80 @@ def test_within_capacity_builds_what_the_unpatched_builder_builds(flags):
         assert o["wrapped"] and not u["wrapped"]
         assert "error" not in u, u
         assert o["metadata"] == u["metadata"], spec
+
+
+@pytest.mark.vllm("0.29.0", "0.30.0")
+@pytest.mark.parametrize("flags", list(FLAGS))
+def test_without_source_the_wrapt_fallback_builds_the_same(flags):
+    """kda_metadata shipped as bytecode only: no source to recompile, so the
+    shim decides by version and installs its wrapt wrapper; the metadata is
+    the same."""
+    ours, ref = probe(VLLM_VERSION, flags, no_source=True), unpatched("0.33.0")
+    off = unpatched(VLLM_VERSION, flags)
+    state = ours["state", "start"]
+    assert state["states"]["kda_overlong_rows"] == (
+        "applied (wrapt wrapper: source of KimiK3KDAMetadataBuilder.build unavailable "
+        "(could not get source code (hidden by the probe)))"), state
+    assert state["kda_build_kind"] == "wrapt"
+    for spec in KDA_OVERLONG:
+        o, r = ours["kda", key(spec)], ref["kda", key(spec)]
+        assert metadata(o) == metadata(r), spec
+        assert same_extra(o, r), spec
+    for spec in KDA_WITHIN:
+        assert ours["kda", key(spec)]["metadata"] == off["kda", key(spec)]["metadata"], spec
+
+
+# An exception inside the patch's router, on the real builder: logged once,
+# vLLM's own behaviour (the capacity ValueError, raised on vLLM's own source
+# line: the recompiled build keeps the file's positions); strict mode raises.
+BROKEN_ROUTER = r"""
+import json, sys, traceback
+from kimi_hotfix.patches import kda_overlong_rows as patch
+from kimi_hotfix.probes import recoverssm as probe
+from vllm.models.kimi_k3.nvidia import kda_metadata
+
+def broken(*args):
+    raise RuntimeError("injected failure in the router")
+
+patch.route_overlong_rows = broken
+builder = probe.make_builder(**probe.SEED)
+calls = []
+for i in range(6):
+    batch = (([10] * 4,) if i % 2 else ([9] * 4, None, [8] * 4, [50] * 4))
+    try:
+        builder.build(*probe.build_args(*batch))
+        calls.append(["ok"])
+    except Exception as exc:
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        calls.append([type(exc).__name__, str(exc), last.filename == kda_metadata.__file__,
+                      last.line])
+print("KIMI_JSON:" + json.dumps({"calls": calls, "kind": probe._build_kind(
+    vars(kda_metadata.KimiK3KDAMetadataBuilder)["build"])}))
+"""
+
+
+@pytest.mark.vllm("0.29.0", "0.30.0")
+@pytest.mark.parametrize("flags", list(FLAGS))
+@pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
+def test_router_failure_is_contained_and_logged_once(flags, strict):
+    env = hermetic_env(KIMI_HOTFIX_STRICT="1" if strict else None)
+    proc = run_python(["-c", BROKEN_ROUTER], python=venv_python(VLLM_VERSION),
+                      flags=FLAGS[flags], env=env, cwd=REPO)
+    out = json_lines(proc.stdout)[0]
+    assert out["kind"] == "inline"
+    within, overlong = out["calls"][0::2], out["calls"][1::2]
+    assert within == [["ok"]] * 3
+    if strict:
+        assert [c[:2] for c in overlong] == [
+            ["KimiHotfixError", "kda_overlong_rows wrapper failed: injected failure in the router"]
+        ] * 3
+    else:
+        assert overlong == [["ValueError", "KDA RecoverSSM speculative decode query length "
+                             "exceeds its activation capacity (9)", True,
+                             'raise ValueError(']] * 3
+    failures = [line for line in proc.stderr.splitlines() if "wrapper failed" in line]
+    assert len(failures) == 1, proc.stderr
+    assert "RuntimeError: injected failure in the router" in failures[0]
 
 
 @pytest.mark.vllm("0.33.0")

@@ -9,12 +9,27 @@ probes batches above the capture limit) build such rows, so 0.30.0, which fixed
 the capture plan, still crashes at startup.
 
 What it changes: when a batch holds a row longer than ``num_spec + 1`` tokens,
-the wrapper marks exactly those rows as non-speculative before vLLM's own
-``build`` runs (their ``num_decode_draft_tokens_cpu`` entry becomes -1 and their
-``is_prefilling`` entry True, on copies), so they take the non-speculative
-(prefill) path, as vLLM 0.31.0 does, instead of raising. ``build`` runs every
-engine step: the fast path reads only ``common_attn_metadata.max_query_len`` (an
-int) and touches no tensor; a batch within capacity is passed through as is.
+exactly the speculative rows among those are marked non-speculative before
+vLLM's own code runs (their ``num_decode_draft_tokens_cpu`` entry becomes -1 and
+their ``is_prefilling`` entry True, on copies), so they take the non-speculative
+(prefill) path, as vLLM 0.31.0 does, instead of raising.
+
+How: ``build`` runs every engine step, and any wrapper's extra Python frame
+costs it several microseconds (bench/kda_fast_path.py). So ``build`` is
+recompiled from vLLM's own source (kimi_hotfix/recompile.py, after checking that
+the source matches the running code) with one guard inserted before its first
+statement:
+
+    try:
+        if self.use_recoverssm and common_attn_metadata.max_query_len > self.num_spec + 1:
+            common_attn_metadata, num_decode_draft_tokens_cpu = <route>(...)
+    except Exception as exc:
+        <log once, keep vLLM's inputs; strict mode raises>
+
+The fast path is an int comparison (no tensor is touched) in vLLM's own frame;
+the rest of the body is vLLM's, compiled like the running interpreter compiles
+it (asserts stay asserts under ``-O``, exactly as unpatched). Where the source is
+unavailable or does not match, a ``wrapt`` wrapper does the same (slower).
 
 Upstream: vllm-project/vllm PR #55774 follow-up, released in 0.31.0
 (``spec_sequence_masks_cpu &= query_lens <= num_spec + 1``).
@@ -26,10 +41,11 @@ rows by ``<= self.num_spec + 1`` (source check); without source, by version
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 
-from kimi_hotfix import core
+from kimi_hotfix import core, recompile
 
 _ROUTES = re.compile(r"<=\s*self\.num_spec\s*\+\s*1")
 _PARAMS = (
@@ -39,10 +55,89 @@ _PARAMS = (
     "num_decode_draft_tokens_cpu",
     "fast_build",
 )
+# what the inserted guard needs from build's signature (after self)
+_GUARD_PARAMS = ("common_attn_metadata", "num_decode_draft_tokens_cpu")
+_GUARD = """
+try:
+    if self.use_recoverssm and common_attn_metadata.max_query_len > self.num_spec + 1:
+        common_attn_metadata, num_decode_draft_tokens_cpu = _kimi_hotfix_route(
+            self, common_attn_metadata, num_decode_draft_tokens_cpu
+        )
+except Exception as _kimi_hotfix_exc:
+    _kimi_hotfix_failed(_kimi_hotfix_exc)
+"""
+
+# True: install the recompiled build (the default); False: the wrapt wrapper,
+# which is what happens anyway where vLLM's source cannot be used (tests flip it).
+INLINE = True
+
+
+def route_overlong_rows(builder, metadata, draft):
+    """(metadata, draft) with the speculative rows longer than num_spec + 1
+    marked non-speculative; the inputs themselves when no such row exists.
+
+    Runs on every step with some row over k + 1 tokens (any long prefill
+    chunk), so the test works on numpy views of vLLM's CPU tensors (no copy;
+    about half the cost of the same torch ops); tensors are copied only when a
+    row must move."""
+    if draft is None or metadata.is_prefilling is None:
+        return metadata, draft  # no speculative set: nothing can overflow
+    starts = metadata.query_start_loc_cpu.numpy()
+    over = (starts[1:] - starts[:-1]) > builder.num_spec + 1
+    # speculative rows as vLLM 0.29 counts them: a draft, or an active decode;
+    # an ordinary prefill chunk (no draft, prefilling) already takes that path
+    over &= (draft.numpy() >= 0) | ~metadata.is_prefilling.numpy()
+    if not over.any():
+        return metadata, draft
+    import torch
+
+    over = torch.from_numpy(over)
+    draft = draft.clone()
+    draft[over] = -1
+    return metadata.replace(is_prefilling=metadata.is_prefilling | over), draft
+
+
+def _route(builder, metadata, draft):
+    # looked up at call time (slow path only), so a test can swap the router
+    return route_overlong_rows(builder, metadata, draft)
+
+
+def _failed(exc):
+    core.wrapper_failed(PATCH.name, exc)
+
+
+def _insert_guard(tree):
+    funcdef = tree.body[0]
+    guard = ast.parse(_GUARD).body
+    for node in guard:  # the guard's lines are reported as build's def line
+        for child in ast.walk(node):
+            if "lineno" in child._attributes:
+                child.lineno = child.end_lineno = funcdef.lineno
+                child.col_offset, child.end_col_offset = funcdef.col_offset, funcdef.col_offset
+    body = funcdef.body
+    docstring = (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                 and isinstance(body[0].value.value, str))
+    funcdef.body = body[:1] + guard + body[1:] if docstring else guard + body
+
+
+def inline_build(build):
+    """vLLM's ``build`` recompiled with the guard; PatchError where it cannot be."""
+    params = inspect.signature(build).parameters
+    names = list(params)
+    if not names or names[0] != "self" or any(p not in params for p in _GUARD_PARAMS):
+        raise core.PatchError(f"unexpected signature of build: {names}")
+    if any(name.startswith("_kimi_hotfix") for name in build.__code__.co_varnames
+           + build.__code__.co_names):
+        raise core.PatchError("build already uses the guard's names")
+    return recompile.recompile(
+        build,
+        _insert_guard,
+        cells={"_kimi_hotfix_route": _route, "_kimi_hotfix_failed": _failed},
+    )
 
 
 def build_wrapper(wrapped, instance, args, kwargs):
-    # Fast path: no tensor is touched; max_query_len is a plain int.
+    """The wrapt fallback: the same guard and routing around vLLM's build."""
     try:
         metadata = args[1] if len(args) > 1 else kwargs["common_attn_metadata"]
         fast = not instance.use_recoverssm or metadata.max_query_len <= instance.num_spec + 1
@@ -52,32 +147,19 @@ def build_wrapper(wrapped, instance, args, kwargs):
     if fast:
         return wrapped(*args, **kwargs)
     try:
-        args, kwargs = route_overlong_rows(instance, args, kwargs)
+        bound = dict(zip(_PARAMS, args))
+        bound.update(kwargs)
+        metadata, draft = route_overlong_rows(
+            instance, bound["common_attn_metadata"], bound.get("num_decode_draft_tokens_cpu")
+        )
+        if metadata is not bound["common_attn_metadata"]:
+            bound["common_attn_metadata"] = metadata
+            bound["num_decode_draft_tokens_cpu"] = draft
+            args = tuple(bound.pop(name) for name in _PARAMS[: len(args)])
+            kwargs = bound
     except Exception as exc:
         core.wrapper_failed(PATCH.name, exc)
     return wrapped(*args, **kwargs)
-
-
-def route_overlong_rows(builder, args, kwargs):
-    """Arguments with rows longer than num_spec + 1 marked non-speculative."""
-    bound = dict(zip(_PARAMS, args))
-    bound.update(kwargs)
-    metadata = bound["common_attn_metadata"]
-    draft = bound.get("num_decode_draft_tokens_cpu")
-    if draft is None or metadata.is_prefilling is None:
-        return args, kwargs  # no speculative set: nothing can overflow
-    over = metadata.query_start_loc_cpu.diff() > builder.num_spec + 1
-    if not bool(over.any()):
-        return args, kwargs
-    draft = draft.clone()
-    draft[over] = -1
-    bound["num_decode_draft_tokens_cpu"] = draft
-    bound["common_attn_metadata"] = metadata.replace(
-        is_prefilling=metadata.is_prefilling | over
-    )
-    positional = len(args)
-    new_args = tuple(bound.pop(name) for name in _PARAMS[:positional])
-    return new_args, bound
 
 
 class KDAOverlongRowsPatch(core.Patch):
@@ -108,7 +190,17 @@ class KDAOverlongRowsPatch(core.Patch):
         return True, "build raises on rows longer than num_spec + 1"
 
     def apply(self, module, wrap):
-        wrap(self._builder(module), "build", build_wrapper)
+        builder = self._builder(module)
+        if INLINE:
+            try:
+                build = inline_build(vars(builder)["build"])
+            except core.PatchError as exc:
+                wrap(builder, "build", build_wrapper)
+                return f"wrapt wrapper: {exc}"
+            wrap(builder, "build", replacement=build)
+            return None
+        wrap(builder, "build", build_wrapper)
+        return "wrapt wrapper"
 
 
 PATCH = KDAOverlongRowsPatch()

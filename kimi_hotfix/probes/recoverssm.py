@@ -463,7 +463,44 @@ def state():
             "capture_workspace": _wrapped(CudaGraphManager, "_init_candidates"),
             "kda_overlong_rows": _wrapped(KimiK3KDAMetadataBuilder, "build"),
         },
+        # how the builder's build is installed: vllm (untouched), inline (the
+        # recompiled build with the guard) or wrapt (the fallback wrapper)
+        "kda_build_kind": _build_kind(vars(KimiK3KDAMetadataBuilder)["build"]),
     }
+
+
+def _build_kind(obj):
+    from kimi_hotfix import core
+
+    if not core.is_wrapped(obj):
+        return "vllm"
+    return "inline" if type(obj) is types.FunctionType else "wrapt"  # wrapt proxies __class__
+
+
+def hide_sources(relative="models/kimi_k3/nvidia/kda_metadata.py"):
+    """Make ``inspect`` fail to find the source of vLLM's ``relative`` file, as
+    where an image ships that module as bytecode only (the shim must fall back
+    to its wrapt wrapper and version check). Only that file: vLLM itself reads
+    the source of other modules at import (jit_warmup), so a wholly
+    bytecode-only vLLM does not start."""
+    import importlib.util
+    import inspect
+    import os
+
+    vllm_dir = list(importlib.util.find_spec("vllm").submodule_search_locations)[0]
+    hidden = os.path.realpath(os.path.join(vllm_dir, relative))
+    original = inspect.getsourcelines
+
+    def getsourcelines(obj):
+        try:
+            filename = inspect.getfile(obj)
+        except TypeError:
+            filename = ""
+        if os.path.realpath(filename) == hidden:
+            raise OSError("could not get source code (hidden by the probe)")
+        return original(obj)
+
+    inspect.getsourcelines = getsourcelines
 
 
 def emit(kind, case, result):
@@ -485,7 +522,11 @@ def main(argv=None):
     parser.add_argument("--preflight", choices=("none", "current", "both"), default=None,
                         help="current: on the methods as installed; both: each patch undone, "
                              "then forced on (default: current, unless cases are given)")
+    parser.add_argument("--no-source", action="store_true",
+                        help="hide the source of kda_metadata.py from inspect (bytecode only)")
     args = parser.parse_args(argv)
+    if args.no_source:
+        hide_sources()
     emit("state", "start", state())
     names = list(PLANS) + list(KDAS) if "all" in args.case or not (
         args.case or args.plan or args.kda) else args.case
