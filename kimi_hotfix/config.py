@@ -31,6 +31,16 @@ class Config:
     raw: tuple = ()  # (name, value) pairs of the variables that were set
 
 
+SHOWN = 60  # characters of a bad value quoted in a warning
+
+
+def _shown(value):
+    """repr of a bad value, cut to SHOWN characters: a warning stays one line."""
+    if len(value) <= SHOWN:
+        return repr(value)
+    return f"{value[:SHOWN]!r}... ({len(value)} characters)"
+
+
 def _flag(name, value, default, warnings):
     if value is None:
         return default
@@ -42,7 +52,7 @@ def _flag(name, value, default, warnings):
     if text in FALSE:
         return False
     warnings.append(
-        f"{name}={value!r} is not understood; valid values: "
+        f"{name}={_shown(value)} is not understood; valid values: "
         f"{'/'.join(TRUE)} or {'/'.join(FALSE)}; using {'on' if default else 'off'}"
     )
     return default
@@ -51,7 +61,7 @@ def _flag(name, value, default, warnings):
 def _names(name, value, valid, warnings):
     if not value:
         return frozenset()
-    chosen = set()
+    chosen, unknown = set(), []
     for item in value.split(","):
         item = item.strip()
         if not item:
@@ -61,10 +71,14 @@ def _names(name, value, valid, warnings):
         elif item in valid:
             chosen.add(item)
         else:
-            warnings.append(
-                f"{name}: unknown patch name {item!r} ignored; "
-                f"valid names: {', '.join(valid)}, or *"
-            )
+            unknown.append(item)
+    if unknown:  # one warning per variable, however many bad names
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        warnings.append(
+            f"{name}: unknown patch name{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(_shown(item) for item in unknown[:3])}{more} ignored; "
+            f"valid names: {', '.join(valid)}, or *"
+        )
     return frozenset(chosen)
 
 
@@ -85,7 +99,7 @@ def parse(valid_names, environ=None) -> Config:
     level = (env.get("KIMI_HOTFIX_LOG_LEVEL") or "").strip().upper() or "INFO"  # blank = unset
     if level not in LEVELS:
         warnings.append(
-            f"KIMI_HOTFIX_LOG_LEVEL={env.get('KIMI_HOTFIX_LOG_LEVEL')!r} is not a level; "
+            f"KIMI_HOTFIX_LOG_LEVEL={_shown(env.get('KIMI_HOTFIX_LOG_LEVEL'))} is not a level; "
             f"valid values: {', '.join(LEVELS)}; using INFO"
         )
         level = "INFO"

@@ -342,6 +342,7 @@ GARBAGE = {
     "unicode": "jä✓ ☃",
     "long": LONG,
     "punctuation": ",;=*?",
+    "many-names": ",".join(f"name{i}" for i in range(1000)),
     "invalid-utf8": b"\xff\xfe",
 }
 VALID_LISTED = {
@@ -384,6 +385,10 @@ def test_garbage_in_each_variable(var, kind):
     else:
         assert len(warnings) == 1 and out["n_warnings"] == 1, proc.stderr
         assert var in warnings[0] and VALID_LISTED[var] in warnings[0]
+        # a bad value is quoted, never echoed whole: the warning stays one short line
+        assert len(warnings[0]) < 400, warnings[0]
+        if kind == "long":
+            assert "... (100000 characters)" in warnings[0]
 
 
 def test_garbage_everywhere_with_real_vllm():
