@@ -420,6 +420,18 @@ def undo(name=None) -> dict:
         return dict(_states)
 
 
+def reset(name: str, state: str) -> str:
+    """Undo ``name`` and put back an earlier ``state`` string (and forget a
+    runtime ``force``): for a caller that toggled a patch the shim had not
+    applied (``check``) and must leave the process as it found it."""
+    with _lock:
+        _restore(_records.pop(name, []))
+        _forced_at_runtime.discard(name)
+        if name in _states:
+            _states[name] = state
+        return _states.get(name, state)
+
+
 def reapply(name=None) -> dict:
     """Apply again, after undo, the patches whose module is loaded."""
     for patch_name in [name] if name else list(patches()):

@@ -194,7 +194,7 @@ def _check_patch(core, name, patch, state, import_error):
                 if not core.states().get(name, "").startswith(core.APPLIED):
                     core.force(name)
             else:
-                core.undo(name)
+                core.reset(name, state)  # as found: e.g. "not needed: ...", not "undone"
         except Exception as exc:
             entry["problems"].append(f"could not restore the shim's state: {exc}")
     without, with_ = entry["without"], entry["with"]

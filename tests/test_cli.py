@@ -379,3 +379,22 @@ def test_demo_shows_the_probes_side_by_side():
     assert "shim log: " in out and "kv_spec_merge: applied" in out
     proc = subprocess.run([str(REPO / "scripts" / "demo"), "x", "y"], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+RESTORES = (
+    "import json\n"
+    "from kimi_hotfix import core, preflight\n"
+    "report = preflight.run()\n"
+    "print('KIMI_JSON:' + json.dumps({'decided': {p['name']: p['state'] for p in report['patches']},\n"
+    "                                 'after': core.states()}))\n"
+)
+
+
+@pytest.mark.vllm("0.33.0")
+def test_check_leaves_the_shim_as_it_found_it():
+    """check toggles every patch, needed or not; afterwards each state (and the
+    methods) are what the shim had decided, e.g. "not needed: ...", not "undone"."""
+    proc = run_python(["-c", RESTORES], env=hermetic_env(), cwd=REPO)
+    out = json_lines(proc.stdout)[0]
+    assert any(s.startswith("not needed") for s in out["decided"].values()), out
+    assert out["after"] == out["decided"]
