@@ -31,12 +31,27 @@ from kimi_hotfix.core import PatchError
 _ANNOTATIONS = _future.annotations.compiler_flag  # annotations are never evaluated
 
 
+@functools.lru_cache(maxsize=64)
+def _source_lines(func):
+    # inspect tokenizes the file to find the block: ~10 ms for a long method;
+    # a patch asks for the same function in check() and again in apply()
+    return inspect.getsourcelines(func)
+
+
+def source(func) -> str:
+    """``func``'s source text (``PatchError`` where there is none)."""
+    try:
+        return "".join(_source_lines(func)[0])
+    except (OSError, TypeError) as exc:
+        raise PatchError(f"source of {func.__qualname__} unavailable ({exc})") from exc
+
+
 def function_ast(func) -> ast.Module:
     """``func``'s source as a module of one ``def``, with the positions it has
     in its file. The text is parsed as it is (nested under ``if 1:`` when
     indented), never dedented: dedenting would change multi-line strings."""
     try:
-        lines, first = inspect.getsourcelines(func)
+        lines, first = _source_lines(func)
     except (OSError, TypeError) as exc:
         raise PatchError(f"source of {func.__qualname__} unavailable ({exc})") from exc
     indented = lines[0][:1].isspace()
@@ -154,11 +169,10 @@ def recompile(func, edit, *, optimize=-1, cells=None):
     if func.__code__.co_freevars:
         raise PatchError(f"{func.__qualname__} uses a closure; cannot recompile")
     cells = dict(cells or {})
-    pristine = _undecorated(function_ast(func))
-    if _fingerprint(_compile(func, pristine, -1, {}).__code__) != _fingerprint(func.__code__):
-        raise PatchError(f"source of {func.__qualname__} does not match its running code")
     tree = _undecorated(function_ast(func))
-    edit(tree)
+    if _fingerprint(_compile(func, tree, -1, {}).__code__) != _fingerprint(func.__code__):
+        raise PatchError(f"source of {func.__qualname__} does not match its running code")
+    edit(tree)  # compiling did not change the tree: edit the checked one
     new = _compile(func, tree, optimize, cells)
     new.__qualname__ = func.__qualname__
     new.__module__ = func.__module__

@@ -77,24 +77,28 @@ def route_overlong_rows(builder, metadata, draft):
     marked non-speculative; the inputs themselves when no such row exists.
 
     Runs on every step with some row over k + 1 tokens (any long prefill
-    chunk), so the test works on numpy views of vLLM's CPU tensors (no copy;
-    about half the cost of the same torch ops); tensors are copied only when a
-    row must move."""
+    chunk). The test is plain Python on ``tolist()`` copies of three small CPU
+    tensors: inside the real builder that measured about half the cost of the
+    same test in torch ops, and a third of numpy views (bench/kda_fast_path.py,
+    part 3). Tensors are built only when a row must move."""
     if draft is None or metadata.is_prefilling is None:
         return metadata, draft  # no speculative set: nothing can overflow
-    starts = metadata.query_start_loc_cpu.numpy()
-    over = (starts[1:] - starts[:-1]) > builder.num_spec + 1
+    starts = metadata.query_start_loc_cpu.tolist()
+    capacity = builder.num_spec + 1
     # speculative rows as vLLM 0.29 counts them: a draft, or an active decode;
     # an ordinary prefill chunk (no draft, prefilling) already takes that path
-    over &= (draft.numpy() >= 0) | ~metadata.is_prefilling.numpy()
-    if not over.any():
+    over = [
+        end - start > capacity and (drafted >= 0 or not prefilling)
+        for start, end, drafted, prefilling in zip(
+            starts, starts[1:], draft.tolist(), metadata.is_prefilling.tolist()
+        )
+    ]
+    if not any(over):
         return metadata, draft
-    import torch
-
-    over = torch.from_numpy(over)
+    mask = metadata.is_prefilling.new_tensor(over)  # bool, on the CPU like is_prefilling
     draft = draft.clone()
-    draft[over] = -1
-    return metadata.replace(is_prefilling=metadata.is_prefilling | over), draft
+    draft[mask] = -1
+    return metadata.replace(is_prefilling=metadata.is_prefilling | mask), draft
 
 
 def _route(builder, metadata, draft):
@@ -180,8 +184,8 @@ class KDAOverlongRowsPatch(core.Patch):
     def check(self, module):
         builder = self._builder(module)
         try:
-            source = inspect.getsource(vars(builder)["build"])
-        except (OSError, TypeError):
+            source = recompile.source(vars(builder)["build"])
+        except core.PatchError:
             return self.version_fallback("source of KimiK3KDAMetadataBuilder.build unavailable")
         if "use_recoverssm" not in source:
             return False, "builder has no RecoverSSM path"
