@@ -1,33 +1,42 @@
-"""What the kda_overlong_rows wrapper costs per KimiK3KDAMetadataBuilder.build call.
+"""What the kda_overlong_rows patch costs per KimiK3KDAMetadataBuilder.build call.
 
-``build`` runs every engine step. The issue asks that the wrapper's fast path
-(no row longer than num_spec + 1) cost at most 1 us per call over vLLM's own
+``build`` runs every engine step. The issue asks that the patch's fast path (no
+row longer than num_spec + 1) cost at most 1 us per call over vLLM's own
 method. This times the REAL builder (vLLM on CPU) side by side in one process.
 
-Part 1, the real builder: vLLM's original ``build``, a copy of it (A/A
-control: the noise floor), the wrapped one (as the shim installs it) and, for
-comparison, a plain-function wrapper are put on the class in turn and called
-the way vLLM's ``build_attn_metadata`` calls them
-(``builder.build(common_prefix_len=0, common_attn_metadata=..., **extra)``).
-Every iteration times one call of each variant, in an order reversed every
-other iteration; the overhead is the median of the per-iteration differences
-(drift and load spikes cancel pairwise). A build is a few hundred us of CPU
-tensor work with tens of us of jitter: the median's standard error is printed
-next to it, and the A/A row shows what "no difference" measures.
+What the shim installs: vLLM's own ``build`` recompiled from its source with a
+one-comparison guard before its first statement (no extra frame). Where the
+source cannot be used it falls back to a ``wrapt`` wrapper; that fallback is
+timed too, for comparison (its extra Python frame measures about +10 us inside
+the real builder against +1.3 to +1.9 us around a trivial method; this script
+does not explain the difference).
 
-Measured here (2-core shared VM, Python 3.11, torch 2.13 CPU): any extra Python
-frame around ``build`` costs more inside the real builder than around a
-trivial method (the torch calls in ``build`` get slower with the deeper
-stack), so part 1 and part 2 differ; part 1 is the number the issue asks for.
+Part 1, the real builder. The variants are put on the class in turn and
+called the way vLLM's ``build_attn_metadata`` calls them
+(``builder.build(common_prefix_len=0, common_attn_metadata=..., **extra)``):
+- vLLM's original ``build``;
+- a copy of it with its own copy of the code object (A/A control: the noise
+  floor; a code object shared by two variants runs twice as often, stays
+  warmer in the CPU caches and measured 0.5 to 0.9 us faster);
+- vLLM's ``build`` recompiled from source without the guard (the installed
+  function minus the guard);
+- the installed one;
+- the wrapt fallback.
+Every iteration times one call of each variant, in a random order, so the
+call before a call is any variant alike. The overhead is the median of the
+per-iteration differences, so drift and load spikes cancel pairwise. A build
+is a few hundred us of CPU tensor work with tens of us of jitter: the median's
+standard error is printed next to it, and the A/A row shows what "no
+difference" measures.
 
-Part 2, the wrappers alone around a method that does nothing (the shim's own
+Part 2, the patch alone around a method that does nothing (the shim's own
 cost, no vLLM work), in interleaved rounds of many calls: this resolves well
-below 1 us. For comparison it also times a plain pass-through wrapt wrapper
-(wrapt's floor) and a plain function with build's explicit signature (a
-possible replacement, not what the shim installs).
+below 1 us. The same guard is compiled into the trivial method.
 
-Part 3, for context: the slow path on a batch with a long prefill row
-(max_query_len > k + 1 but no speculative row is over-long).
+Part 3, for context: a prefill step with a 20-token chunk (max_query_len > k + 1,
+so the guard calls the router, which finds no speculative row to move).
+
+The verdict uses the worst of part 1 and part 2, against 1 us.
 
 Run from the repository root, inside a vLLM venv (0.29.0, 0.30.0 or 0.33.0;
 where the patch is not needed it is forced on for the measurement):
@@ -43,28 +52,37 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import random
 import statistics
 import sys
 import time
 import types
 
 LIMIT_US = 1.0
+INSTALLED = "installed (inline guard)"
+RECOMPILED = "recompiled, no guard (A/A control)"
+AA = "unwrapped copy (A/A control)"
+FALLBACK = "wrapt fallback (no source)"
 BUILD_PARAMS = ("common_prefix_len", "common_attn_metadata", "num_accepted_tokens",
                 "num_decode_draft_tokens_cpu")
 
 
 def paired_calls(owner, attr, variants, call, pairs):
-    """{variant: [ns of each call]}: one call per variant per iteration, order
-    reversed every other iteration. Timer and class-attribute switch costs are
-    the same for every variant."""
+    """{variant: [ns of each call]}: one call per variant per iteration, in a
+    fresh random order each iteration (seeded), so that what the previous call
+    left in the caches and the allocator falls on every variant alike. Timer and
+    class-attribute switch costs are the same for every variant."""
     names = list(variants)
     samples = {name: [] for name in names}
     saved = vars(owner)[attr]
     clock = time.perf_counter_ns
+    shuffle = random.Random(0).shuffle
+    order = list(names)
     gc.disable()
     try:
         for i in range(pairs):
-            for name in names if i % 2 == 0 else reversed(names):
+            shuffle(order)
+            for name in order:
                 setattr(owner, attr, variants[name])
                 start = clock()
                 call()
@@ -123,25 +141,15 @@ def report(title, samples, base="unwrapped"):
     return diffs
 
 
-def explicit_signature_wrapper(original, patch):
-    """For comparison only, not what the shim installs: the same fast path in a
-    plain function with build's own signature (no per-access binding as wrapt
-    does, no *args/**kwargs repacking)."""
+class Trivial:
+    """Part 2: a builder whose build does nothing, with build's signature."""
+
+    use_recoverssm = True
+    num_spec = 8
 
     def build(self, common_prefix_len, common_attn_metadata, num_accepted_tokens=None,
               num_decode_draft_tokens_cpu=None, fast_build=False):
-        call = (common_prefix_len, common_attn_metadata, num_accepted_tokens,
-                num_decode_draft_tokens_cpu, fast_build)
-        try:
-            fast = (not self.use_recoverssm
-                    or common_attn_metadata.max_query_len <= self.num_spec + 1)
-        except Exception:
-            fast = True
-        if fast:
-            return original(self, *call)
-        return patch.build_wrapper(original.__get__(self, type(self)), self, call, {})
-
-    return build
+        return None
 
 
 def main(argv=None):
@@ -157,7 +165,7 @@ def main(argv=None):
     import wrapt
     from vllm.models.kimi_k3.nvidia import kda_metadata
 
-    from kimi_hotfix import core
+    from kimi_hotfix import core, recompile
     from kimi_hotfix.patches import kda_overlong_rows as patch
     from kimi_hotfix.probes import recoverssm as probe
 
@@ -168,14 +176,22 @@ def main(argv=None):
     if not core.is_wrapped(wrapped):
         sys.exit(f"build is not wrapped (state: {state})")
     original = wrapped.__wrapped__
+    if isinstance(wrapped, wrapt.FunctionWrapper):
+        sys.exit(f"the shim installed its wrapt fallback here ({state}); see the log")
     variants = {
         "unwrapped": original,
-        # A/A control: a copy of vLLM's function; its difference is the noise floor
-        "unwrapped copy (A/A control)": types.FunctionType(
-            original.__code__, original.__globals__, original.__name__, original.__defaults__,
-            original.__closure__),
-        "wrapped (as installed)": wrapped,
-        "plain function, explicit signature": explicit_signature_wrapper(original, patch),
+        # A/A control: vLLM's function with a copy of its code object. Every
+        # variant has its own code object, run once per iteration: a code object
+        # shared by two variants runs twice as often and stays warmer in the CPU
+        # caches (measured here: +0.5 to +0.9 us for any other variant).
+        AA: types.FunctionType(
+            original.__code__.replace(), original.__globals__, original.__name__,
+            original.__defaults__, original.__closure__),
+        # vLLM's build recompiled the same way, without the guard: what a
+        # distinct code object costs by itself (A/A of the recompilation)
+        RECOMPILED: recompile.recompile(original, lambda tree: None),
+        INSTALLED: wrapped,
+        FALLBACK: wrapt.FunctionWrapper(original, patch.build_wrapper),
     }
     print(f"vLLM {vllm.__version__}, python {sys.version.split()[0]}, torch {torch.__version__}, "
           f"wrapt {wrapt.__version__}; kda_overlong_rows: {state}\n")
@@ -204,35 +220,29 @@ def main(argv=None):
 
     print("Part 1: the real builder, fast path (no row longer than k + 1), "
           f"{args.pairs} paired calls")
-    worst = None
+    worst = None  # (installed - unwrapped, guard, A/A control - unwrapped), us
     for title, kwargs in cases.items():
         if not same_output(kwargs):
             sys.exit(f"{title}: wrapped and unwrapped build different metadata")
         samples = paired_calls(owner, "build", variants, lambda kw=kwargs: builder.build(**kw),
                                args.pairs)
-        diff = report(f"KimiK3KDAMetadataBuilder.build, {title}", samples)["wrapped (as installed)"]
-        worst = diff if worst is None else max(worst, diff)
+        diffs = report(f"KimiK3KDAMetadataBuilder.build, {title}", samples)
+        guard = statistics.median(
+            y - x for x, y in zip(samples[RECOMPILED], samples[INSTALLED])) / 1000
+        print(f"  {'the guard itself':>32}: installed vs recompiled without it {guard:+.3f} us/call")
+        row = (diffs[INSTALLED], guard, diffs[AA])
+        worst = row if worst is None or row[0] > worst[0] else worst
     print()
 
-    # Part 2: the wrappers alone, around a method that does nothing.
-    class Trivial:
-        use_recoverssm = True
-        num_spec = 8
-
-        def build(self, common_prefix_len, common_attn_metadata, num_accepted_tokens=None,
-                  num_decode_draft_tokens_cpu=None, fast_build=False):
-            return None
-
+    # Part 2: the patch alone, around a method that does nothing.
     raw = vars(Trivial)["build"]
     trivial, kwargs = Trivial(), cases[next(iter(cases))]
     micro = {
         "unwrapped": raw,
-        "wrapped (as installed)": wrapt.FunctionWrapper(raw, patch.build_wrapper),
-        "wrapt pass-through (wrapt's floor)": wrapt.FunctionWrapper(
-            raw, lambda wrapped_, instance, a, kw: wrapped_(*a, **kw)),
-        "plain function, explicit signature": explicit_signature_wrapper(raw, patch),
+        INSTALLED: patch.inline_build(raw),
+        FALLBACK: wrapt.FunctionWrapper(raw, patch.build_wrapper),
     }
-    alone = report(f"Part 2: the wrappers alone around a trivial method, same keyword call "
+    alone = report(f"Part 2: the patch alone around a trivial method, same keyword call "
                    f"({args.rounds} rounds x {args.micro_calls} calls)",
                    timed_rounds(Trivial, "build", micro, lambda: trivial.build(**kwargs),
                                 args.rounds, args.micro_calls))
@@ -240,19 +250,24 @@ def main(argv=None):
 
     if not same_output(slow):
         sys.exit("slow path: wrapped and unwrapped build different metadata")
-    variants = {k: variants[k] for k in ("unwrapped", "wrapped (as installed)")}
-    report("Part 3, for context: slow path, a 20-token prefill row next to 2 speculative rows "
-           f"(nothing routed; {args.pairs // 4} paired calls)",
+    variants = {k: variants[k] for k in ("unwrapped", INSTALLED)}
+    report("Part 3, for context: a 20-token prefill chunk next to 2 speculative rows "
+           f"(the router runs, nothing is moved; {args.pairs // 4} paired calls)",
            paired_calls(owner, "build", variants, lambda: builder.build(**slow), args.pairs // 4))
     print()
 
-    print(f"fast-path overhead of the installed wrapper: real builder {worst:+.3f} us/call "
-          f"(worst case of part 1), wrapper alone {alone['wrapped (as installed)']:+.3f} us/call; "
+    installed, guard, control = worst
+    print(f"fast path, real builder (worst case of part 1): installed vs vLLM's own build "
+          f"{installed:+.3f} us/call (the A/A control there: {control:+.3f} us/call); the "
+          f"guard itself, installed vs the same build recompiled without it: {guard:+.3f} us/call")
+    print(f"fast path, the patch alone (part 2): {alone[INSTALLED]:+.3f} us/call; "
           f"limit {LIMIT_US:.1f} us")
-    verdict = "PASS" if max(worst, alone["wrapped (as installed)"]) <= LIMIT_US else "FAIL"
-    print(f"{verdict}: the fast path costs {'at most' if verdict == 'PASS' else 'more than'} "
-          f"{LIMIT_US:.1f} us per call on this machine")
-    return 0
+    verdict = "PASS" if max(installed, alone[INSTALLED]) <= LIMIT_US else "FAIL"
+    print(f"{verdict}: installed vs unwrapped, the fast path costs "
+          f"{'at most' if verdict == 'PASS' else 'more than'} {LIMIT_US:.1f} us per call "
+          f"on this machine (the guard alone: "
+          f"{'within' if max(guard, alone[INSTALLED]) <= LIMIT_US else 'over'} the limit)")
+    return 0 if verdict == "PASS" else 1
 
 
 if __name__ == "__main__":
