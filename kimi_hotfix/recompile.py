@@ -13,7 +13,8 @@ tracebacks through the recompiled function point at vLLM's own lines, and the
 function is compiled in the module's globals. Before anything is installed,
 ``recompile`` checks that the source matches the running code: the pristine
 source, compiled the way the interpreter compiled the module, must give the
-same names, locals, constants and first line as the function that vLLM loaded
+same bytecode, names, locals, constants and first line as the function that
+vLLM loaded
 (a stale or edited ``.py`` next to the cached bytecode, or a function that is not
 what its source says, raises ``PatchError`` and the caller keeps the original).
 """
