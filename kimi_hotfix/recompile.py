@@ -39,22 +39,24 @@ def _source_lines(func):
     return inspect.getsourcelines(func)
 
 
-def source(func) -> str:
-    """``func``'s source text (``PatchError`` where there is none)."""
+def _lines(func):
+    """(lines, first line number) of ``func``'s source; PatchError if none."""
     try:
-        return "".join(_source_lines(func)[0])
+        return _source_lines(func)
     except (OSError, TypeError) as exc:
         raise PatchError(f"source of {func.__qualname__} unavailable ({exc})") from exc
+
+
+def source(func) -> str:
+    """``func``'s source text (``PatchError`` where there is none)."""
+    return "".join(_lines(func)[0])
 
 
 def function_ast(func) -> ast.Module:
     """``func``'s source as a module of one ``def``, with the positions it has
     in its file. The text is parsed as it is (nested under ``if 1:`` when
     indented), never dedented: dedenting would change multi-line strings."""
-    try:
-        lines, first = _source_lines(func)
-    except (OSError, TypeError) as exc:
-        raise PatchError(f"source of {func.__qualname__} unavailable ({exc})") from exc
+    lines, first = _lines(func)
     indented = lines[0][:1].isspace()
     try:
         tree = ast.parse(("if 1:\n" if indented else "") + "".join(lines))
