@@ -5,8 +5,8 @@ API loads the machinery on first use:
 
     arm()          register the post-import hooks (idempotent)
     undo(name)     restore vLLM's original methods (all patches when name is None)
-    reapply(name)  apply again after undo
-    states()       {patch name: state string}
+    reapply(name)  decide and apply again after undo
+    states()       {patch name: State} (``State.kind`` and ``str(state)``)
 """
 
 __version__ = "0.1.0"

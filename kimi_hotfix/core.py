@@ -1,84 +1,39 @@
-"""Arming, the patch registry, per-patch state, wrapping and undo.
+"""Arming, per-patch state, wrapping, undo and the one summary line per process.
 
-Loaded only when vLLM is imported (or by the CLI / plugin). ``arm()`` parses the
-environment, imports wrapt and registers one wrapt post-import hook per patch on
-the exact vLLM module the patch targets; wrapt runs the hook at once when that
-module is already loaded. Each hook decides, from what the installed vLLM does or
-contains, whether its patch is needed, then wraps vLLM's methods with
-``wrapt.FunctionWrapper`` objects that carry a marker, so a second arming (the
-module re-run, the vLLM plugin after sitecustomize, a second copy of the
-package) never wraps twice.
+Loaded only when vLLM is imported (or by ``check`` and the plugin). ``arm()``
+parses the environment, imports wrapt and registers one post-import hook per
+patch on the vLLM module it targets (wrapt runs the hook at once where that
+module is already loaded). Each hook asks its patch to decide from what the
+loaded vLLM does or contains (``Patch.check``), then lets it wrap vLLM's
+methods; every wrapper carries a marker, so a second arming (the module re-run,
+the vLLM plugin after sitecustomize, a second copy of the package) never wraps
+twice, and everything installed is recorded so it can be put back.
 
-Failure containment: a hook or wrapper error is logged once and vLLM's original
-behaviour stays in place; the host's import never fails because of us, unless
-KIMI_HOTFIX_STRICT=1 asks for a hard failure. One summary line per process names
-every patch and its state; it is logged as soon as no patch waits for its module,
-or at exit for modules the process never imported.
+Containment: a hook or wrapper error is logged once and vLLM's original
+behaviour stays; the host's import never fails because of us, unless
+KIMI_HOTFIX_STRICT=1 asks for a hard failure. A check that cannot tell applies
+the patch (the safe side) and warns. This module names no patch.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import logging
 import os
-import re
 import sys
 import threading
 from dataclasses import dataclass
 
-from kimi_hotfix import __version__
+from kimi_hotfix import __version__, base
 from kimi_hotfix import config as _config_mod
+from kimi_hotfix.base import KimiHotfixError, PatchError, State  # noqa: F401 (re-exported)
 from kimi_hotfix.patches import PATCH_MODULES
 
 log = logging.getLogger("kimi_hotfix")
 
-MARKER = "_self_kimi_hotfix_patch"  # attribute on our wrapt wrappers
-
-PENDING = "pending"
-APPLIED = "applied"
-NOT_NEEDED = "not needed: upstream fixed"
-DISABLED = "disabled"
-FAILED = "failed"
-UNDONE = "undone"
-
-
-class KimiHotfixError(RuntimeError):
-    """Raised only in strict mode, when a patch that should apply cannot."""
-
-
-class PatchError(Exception):
-    """A patch cannot apply to the installed vLLM; the message says why."""
-
-
-class Patch:
-    """One hotfix. Subclasses live one per module under kimi_hotfix.patches."""
-
-    name = ""
-    target = ""  # module whose import triggers the patch
-    wraps: tuple = ()  # qualified names wrapped inside ``target``
-    upstream = ""  # upstream PR / issue
-    fixed_in = ""  # first vLLM release that carries the fix
-    summary = ""  # what the patch changes, one line
-    decides = ""  # how it decides it is (no longer) needed, one line
-
-    def check(self, module) -> tuple[bool, str]:
-        """Return (needed, reason) for the loaded ``module``."""
-        raise NotImplementedError
-
-    def apply(self, module, wrap):
-        """Wrap vLLM's methods with ``wrap(owner, attr, wrapper)`` (or
-        ``wrap(owner, attr, replacement=function)``). May return a short note
-        for the state (e.g. which way it applied); None for plain "applied"."""
-        raise NotImplementedError
-
-    def version_fallback(self, what: str) -> tuple[bool, str]:
-        """Decide from the version string alone, when code cannot tell."""
-        version = vllm_version()
-        if version is None:
-            return True, f"{what}; vLLM version unknown, assuming needed"
-        fixed = version_at_least(version, self.fixed_in)
-        return (not fixed), f"{what}; by version {version} vs fixed in {self.fixed_in}"
+MARKER = "_self_kimi_hotfix_patch"  # attribute on everything the shim installs
 
 
 @dataclass
@@ -92,18 +47,16 @@ class _Record:
 _lock = threading.RLock()
 _patches: dict = {}
 _config = None
-_states: dict = {}
-_records: dict = {}
+_states: dict = {}  # name -> State
+_records: dict = {}  # name -> [_Record] of what is installed now
 _armed_by: list = []
-_hooks_registered = False
 _summary_logged = False
 _wrapper_failures: set = set()
 _log_handler = None
-_forced_at_runtime: set = set()  # core.force(): preflight applies unneeded patches
 
 
 def patches() -> dict:
-    """name -> Patch, in a fixed order. Importing them imports no vLLM."""
+    """name -> Patch, in registry order. Importing them imports no vLLM."""
     if not _patches:
         for modname in PATCH_MODULES:
             module = importlib.import_module(f"kimi_hotfix.patches.{modname}")
@@ -115,46 +68,8 @@ def patch_names() -> tuple:
     return tuple(patches())
 
 
-# -- versions ---------------------------------------------------------------
-
-_VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*)$")
-
-
-def parse_version(text: str):
-    """(major, minor, micro, is_prerelease) or None. 0.29.1.dev3+gabc is a
-    pre-release of 0.29.1, i.e. older than 0.29.1 and than 0.30.0."""
-    match = _VERSION_RE.match(text or "")
-    if not match:
-        return None
-    major, minor, micro, rest = match.groups()
-    pre = bool(re.match(r"^[.\-_]?(dev|rc|a|b|alpha|beta|pre)", rest or ""))
-    return int(major), int(minor), int(micro or 0), pre
-
-
-def version_at_least(version: str, release: str) -> bool:
-    have, want = parse_version(version), parse_version(release)
-    if have is None or want is None:
-        return False
-    if have[:3] != want[:3]:
-        return have[:3] > want[:3]
-    return not have[3]
-
-
-def vllm_version():
-    module = sys.modules.get("vllm")
-    version = getattr(module, "__version__", None)
-    if isinstance(version, str) and version:
-        return version
-    try:
-        from importlib.metadata import PackageNotFoundError, version as dist_version
-    except ImportError:  # pragma: no cover - Python < 3.8
-        return None
-    try:
-        return dist_version("vllm")
-    except PackageNotFoundError:
-        return None
-    except Exception:
-        return None
+def load_wrapt():
+    return importlib.import_module("wrapt")
 
 
 # -- logging ----------------------------------------------------------------
@@ -183,16 +98,12 @@ def _setup_logging(level: str) -> None:
     log.setLevel(getattr(logging, level, logging.INFO))
 
 
-def _optimize_label() -> str:
-    level = sys.flags.optimize
-    return "python" if level == 0 else "python -" + "O" * level
-
-
 def summary_line() -> str:
+    level = sys.flags.optimize
     parts = [f"{name}: {_states.get(name, 'not armed')}" for name in patches()]
     return (
-        f"kimi-hotfix {__version__} (vllm {vllm_version() or 'not installed'}, "
-        f"{_optimize_label()}): " + " | ".join(parts)
+        f"kimi-hotfix {__version__} (vllm {base.vllm_version() or 'not installed'}, "
+        f"{'python -' + 'O' * level if level else 'python'}): " + " | ".join(parts)
     )
 
 
@@ -201,12 +112,11 @@ def _maybe_log_summary(at_exit: bool = False) -> None:
     with _lock:
         if _summary_logged or _config is None:
             return
-        if not at_exit and any(s == PENDING for s in _states.values()):
+        pending = [n for n, s in _states.items() if s.kind == base.PENDING]
+        if pending and not at_exit:
             return
-        if at_exit:
-            for name, state in _states.items():
-                if state == PENDING:
-                    _states[name] = f"not loaded ({patches()[name].target} never imported)"
+        for name in pending:
+            _states[name] = State(base.NOT_LOADED, f"{patches()[name].target} never imported")
         _summary_logged = True
         log.info("%s", summary_line())
 
@@ -220,58 +130,54 @@ def _after_fork_in_child() -> None:
 # -- arming -----------------------------------------------------------------
 
 
+def initial_state(name: str, cfg) -> State:
+    """The state arming gives ``name`` before its module loads (status shows it too)."""
+    if not cfg.enabled:
+        return State(base.DISABLED, f"KIMI_HOTFIX={os.environ.get('KIMI_HOTFIX')}")
+    if name in cfg.disabled:
+        return State(base.DISABLED, "KIMI_HOTFIX_DISABLE")
+    return State(base.PENDING)
+
+
 def arm(source: str = "api") -> dict:
     """Read the environment and register the post-import hooks, once per process.
-
-    Returns the current states. Never raises, except in strict mode.
-    """
+    Returns the states. Never raises, except in strict mode."""
     try:
         return _arm(source)
     except KimiHotfixError:
         raise
     except Exception:
         log.warning("kimi-hotfix: arming failed; vLLM runs unpatched", exc_info=True)
-        return dict(_states)
+        return states()
 
 
 def _arm(source: str) -> dict:
-    global _config, _hooks_registered
+    global _config
     with _lock:
         _armed_by.append(source)
         if _config is not None:
-            return dict(_states)
+            return states()
         names = patch_names()
-        cfg = _config_mod.parse(names)
-        _config = cfg
+        _config = cfg = _config_mod.parse(names)
         _setup_logging(cfg.log_level)
         for warning in cfg.warnings:
             log.warning("%s", warning)
-        for name in names:
-            if not cfg.enabled:
-                _states[name] = f"{DISABLED} (KIMI_HOTFIX={os.environ.get('KIMI_HOTFIX')})"
-            elif name in cfg.disabled:
-                _states[name] = f"{DISABLED} (KIMI_HOTFIX_DISABLE)"
-            else:
-                _states[name] = PENDING
+        _states.update((name, initial_state(name, cfg)) for name in names)
         atexit.register(_maybe_log_summary, True)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_in_child)
-        pending = [n for n in names if _states[n] == PENDING]
+        pending = [n for n in names if _states[n].kind == base.PENDING]
         if pending:
             try:
-                import wrapt
+                wrapt = load_wrapt()
             except ImportError as exc:
                 for name in pending:
-                    _states[name] = f"{FAILED}: wrapt is not installed"
-                log.warning(
-                    "wrapt is not installed: kimi-hotfix is inactive "
-                    "(pip install wrapt, or use the drop-in bundle)"
-                )
+                    _states[name] = State(base.FAILED, "wrapt is not installed")
+                log.warning("wrapt is not installed: kimi-hotfix is inactive "
+                            "(pip install wrapt, or use the drop-in bundle)")
                 if cfg.strict:
                     raise KimiHotfixError("wrapt is not installed") from exc
-                _maybe_log_summary()
-                return dict(_states)
-            _hooks_registered = True
+                pending = []
             for name in pending:
                 target = patches()[name].target
                 module = sys.modules.get(target)
@@ -279,25 +185,21 @@ def _arm(source: str) -> dict:
                     _settle_when_imported(name, module)
                 else:
                     wrapt.register_post_import_hook(_make_hook(name), target)
-        _maybe_log_summary()
-        return dict(_states)
+    _maybe_log_summary()
+    return states()
 
 
 def _settle_when_imported(name: str, module) -> None:
-    """``module`` is half-executed: another thread is importing it right now (it
-    got there while vllm/__init__ ran, before the hooks existed), or this thread
-    is, further up the stack. wrapt would run the hook on it at once; instead a
-    helper thread, which holds no import lock and so cannot deadlock, waits for
-    that import to finish (its module lock), then settles the patch."""
+    """``module`` is half-executed: another thread (or this one, further up the
+    stack) is importing it. A helper thread, which holds no import lock and so
+    cannot deadlock, waits for that import to finish, then settles the patch."""
 
     def wait():
         importlib._bootstrap._lock_unlock_module(module.__name__)
         if sys.modules.get(module.__name__) is module:
             _make_hook(name)(module)
         else:  # that import failed: patch a later, successful one
-            import wrapt
-
-            wrapt.register_post_import_hook(_make_hook(name), module.__name__)
+            load_wrapt().register_post_import_hook(_make_hook(name), module.__name__)
 
     threading.Thread(target=wait, name=f"kimi-hotfix-{name}", daemon=True).start()
 
@@ -315,56 +217,82 @@ def _make_hook(name: str):
     return kimi_hotfix_hook
 
 
+def decide(patch, module, optimize=None) -> base.Decision:
+    """The patch's decision; a check that raises cannot tell (never "not needed"),
+    except PatchError: the patch cannot find what it patches."""
+    level = sys.flags.optimize if optimize is None else optimize
+    try:
+        decision = patch.check(module, level)
+    except PatchError:
+        raise  # the patch's own target is missing: it cannot apply (failed)
+    except Exception as exc:
+        return base.cannot_tell(f"its check raised {type(exc).__name__}: {exc}")
+    if not isinstance(decision, base.Decision):
+        return base.cannot_tell(f"its check returned {decision!r}")
+    return decision
+
+
 def _settle(name: str, module) -> None:
     with _lock:
-        if _states.get(name) not in (PENDING, UNDONE):
+        if _states.get(name, State(base.DISABLED)).kind != base.PENDING:
             return
         patch = patches()[name]
-        forced = name in _config.forced or name in _forced_at_runtime
         try:
-            needed, reason = patch.check(module)
-        except Exception as exc:
-            needed, reason = patch.version_fallback(f"probe failed ({type(exc).__name__}: {exc})")
-        if not needed and not forced:
-            _states[name] = f"{NOT_NEEDED} ({reason})"
+            decision = decide(patch, module)
+        except PatchError as exc:
+            _fail(name, exc)
+            return
+        forced = name in _config.forced
+        if not decision.applies and not forced:
+            _states[name] = State(decision.verdict, decision.reason)
         else:
-            records: list = []
-            try:
-                note = patch.apply(module, _recorder(name, records))
-            except Exception as exc:
-                _restore(records)
-                why = str(exc) if isinstance(exc, PatchError) else f"{type(exc).__name__}: {exc}"
-                _states[name] = f"{FAILED}: {why}"
-                log.warning(
-                    "kimi-hotfix: %s could not apply (%s); vLLM unchanged",
-                    name,
-                    why,
-                    exc_info=not isinstance(exc, PatchError),
-                )
-                if _config.strict:
-                    raise KimiHotfixError(f"{name}: {why}") from exc
-            else:
-                _records[name] = records
-                state = APPLIED
-                if not records:
-                    state += " (already wrapped by another arming)"
-                elif not needed:
-                    state += f" (forced; {reason})"
-                if note and records:
-                    state += f" ({note})"
-                _states[name] = state
+            detail = ""
+            if decision.verdict == base.UNKNOWN:
+                detail = f"cannot tell: {decision.reason}; applied to be safe"
+                log.warning("kimi-hotfix: cannot tell whether %s is needed (%s); applying it "
+                            "to be safe", name, decision.reason)
+            elif forced and not decision.applies:
+                detail = f"forced; {str(State(decision.verdict, decision.reason))}"
+            _install(name, patch, module, detail)
+            if decision.verdict == base.UNKNOWN and _config.strict:
+                raise KimiHotfixError(f"{name}: cannot tell whether it is needed: "
+                                      f"{decision.reason}")
     _maybe_log_summary()
 
 
-def _recorder(name: str, records: list):
-    import wrapt
+def _install(name, patch, module, detail="") -> None:
+    """Apply ``patch`` all or nothing; the state says what happened."""
+    records: list = []
+    try:
+        note = patch.apply(module, _recorder(name, records))
+    except Exception as exc:
+        _restore(records)
+        _fail(name, exc)
+        return
+    _records[name] = records
+    if not records:
+        detail = "already patched by another copy of the shim"
+    elif note:
+        detail = f"{detail}; {note}" if detail else note
+    _states[name] = State(base.APPLIED, detail)
 
+
+def _fail(name, exc) -> None:
+    why = str(exc) if isinstance(exc, PatchError) else f"{type(exc).__name__}: {exc}"
+    _states[name] = State(base.FAILED, why)
+    log.warning("kimi-hotfix: %s could not apply (%s); vLLM unchanged", name, why,
+                exc_info=not isinstance(exc, PatchError))
+    if _config is not None and _config.strict:
+        raise KimiHotfixError(f"{name}: {why}") from exc
+
+
+def _recorder(name: str, records: list):
     def wrap(owner, attr: str, wrapper=None, *, replacement=None):
         """Put ``wrapper(wrapped, instance, args, kwargs)`` around ``owner.attr``
         (a ``wrapt.FunctionWrapper``), or install ``replacement``, a function
-        standing in for the original (per-step hot paths, where a wrapper's
-        extra frame costs too much). Either is marked and recorded for undo;
-        the replacement's ``__wrapped__`` is the original."""
+        standing in for the original (hot paths, where a wrapper's extra frame
+        costs too much). Either is marked and recorded; the replacement's
+        ``__wrapped__`` is the original."""
         if attr not in vars(owner):
             raise PatchError(f"{getattr(owner, '__qualname__', owner)}.{attr} is not defined there")
         original = vars(owner)[attr]
@@ -373,7 +301,7 @@ def _recorder(name: str, records: list):
         if (wrapper is None) == (replacement is None):
             raise PatchError("wrap() takes a wrapper or a replacement")
         if replacement is None:
-            proxy = wrapt.FunctionWrapper(original, wrapper)
+            proxy = load_wrapt().FunctionWrapper(original, wrapper)
         else:
             proxy = replacement
             proxy.__wrapped__ = original
@@ -392,77 +320,84 @@ def _restore(records: list) -> None:
     records.clear()
 
 
-def wrapper_failed(name: str, exc: BaseException) -> None:
-    """Called by a wrapper whose own code failed; logs once per patch."""
+def wrapper_failed(name: str, exc: BaseException, instead: str) -> None:
+    """For a wrapper whose own code failed: logs once per patch what runs
+    ``instead``; strict mode raises."""
     with _lock:
         first = name not in _wrapper_failures
         _wrapper_failures.add(name)
     if first:
-        log.warning(
-            "kimi-hotfix: %s wrapper failed (%s: %s); vLLM's original behaviour is used",
-            name,
-            type(exc).__name__,
-            exc,
-            exc_info=exc,
-        )
+        log.warning("kimi-hotfix: %s wrapper failed (%s: %s); %s", name, type(exc).__name__,
+                    exc, instead, exc_info=exc)
     if _config is not None and _config.strict:
         raise KimiHotfixError(f"{name} wrapper failed: {exc}") from exc
 
 
+# -- toggling -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def toggled(name: str, applied: bool):
+    """Within the block, patch ``name`` is applied (whatever its check says) or
+    not (vLLM's own methods); afterwards the process is exactly as it was: the
+    same objects installed, the same state. Its module must be loaded. Yields
+    the state inside the block."""
+    patch = patches()[name]
+    module = sys.modules.get(patch.target)
+    if module is None:
+        raise PatchError(f"{patch.target} is not imported")
+    if _config is None:
+        arm("toggle")
+    with _lock:
+        saved_state, saved = _states.get(name), list(_records.get(name, []))
+    added: list = []
+    try:
+        with _lock:
+            if applied and not saved:
+                _install(name, patch, module, "toggled on")
+                added = _records.pop(name, [])
+            elif not applied and saved:
+                for rec in saved:
+                    setattr(rec.owner, rec.attr, rec.original)
+                _states[name] = State(base.DISABLED, "toggled off")
+            state = _states[name]
+        yield state
+    finally:
+        with _lock:
+            _restore(added)
+            for rec in saved:
+                setattr(rec.owner, rec.attr, rec.wrapper)
+            _records[name] = saved
+            _states[name] = saved_state
+
+
 def undo(name=None) -> dict:
-    """Restore vLLM's original methods for one patch (or all)."""
+    """Put back vLLM's original methods for one patch (or all): a rollback."""
     with _lock:
         for patch_name in [name] if name else list(_records):
             records = _records.pop(patch_name, [])
-            _restore(records)
-            if patch_name in _states and _states[patch_name].startswith(APPLIED):
-                _states[patch_name] = UNDONE
-        return dict(_states)
-
-
-def reset(name: str, state: str) -> str:
-    """Undo ``name`` and put back an earlier ``state`` string (and forget a
-    runtime ``force``): for a caller that toggled a patch the shim had not
-    applied (``check``) and must leave the process as it found it."""
-    with _lock:
-        _restore(_records.pop(name, []))
-        _forced_at_runtime.discard(name)
-        if name in _states:
-            _states[name] = state
-        return _states.get(name, state)
+            if records:
+                _restore(records)
+                _states[patch_name] = State(base.DISABLED, "undone")
+        return states()
 
 
 def reapply(name=None) -> dict:
-    """Apply again, after undo, the patches whose module is loaded."""
+    """Decide and apply again the patches undo() took out (their module loaded)."""
     for patch_name in [name] if name else list(patches()):
-        if _states.get(patch_name) == UNDONE:
+        if _states.get(patch_name) == State(base.DISABLED, "undone"):
             module = sys.modules.get(patches()[patch_name].target)
             if module is not None:
+                with _lock:
+                    _states[patch_name] = State(base.PENDING)
                 _settle(patch_name, module)
-    return dict(_states)
-
-
-def force(name: str) -> str:
-    """Apply ``name`` now even where vLLM looks fixed (``check --with``); its
-    module must be loaded. Returns the new state."""
-    with _lock:
-        if _config is None:
-            arm("force")
-        _forced_at_runtime.add(name)
-        if _states.get(name, "").startswith(APPLIED):
-            return _states[name]
-        _states[name] = UNDONE
-    module = sys.modules.get(patches()[name].target)
-    if module is not None:
-        _settle(name, module)
-    return _states[name]
+    return states()
 
 
 def states() -> dict:
+    """name -> State; before arming, every patch is pending."""
     with _lock:
-        if _config is None:
-            return {name: "not armed" for name in patch_names()}
-        return dict(_states)
+        return {name: _states.get(name, State(base.PENDING)) for name in patch_names()}
 
 
 def is_wrapped(obj) -> bool:

@@ -2,9 +2,9 @@
 
 Two patches need more than a wrapper around a function:
 
-- ``kv_spec_merge`` changes statements inside vLLM's ``merge`` methods
+- a patch may change statements inside vLLM's functions
   (``assert`` becomes an explicit ``raise``);
-- ``kda_overlong_rows`` sits on ``build``, which runs every engine step, where
+- a patch on a per-step hot path (a method that runs every engine step), where
   the extra Python frame of any wrapper costs several microseconds; it inserts a
   one-comparison guard at the top of vLLM's own body instead.
 
@@ -27,7 +27,7 @@ import functools
 import inspect
 import types
 
-from kimi_hotfix.core import PatchError
+from kimi_hotfix.base import PatchError
 
 _ANNOTATIONS = _future.annotations.compiler_flag  # annotations are never evaluated
 

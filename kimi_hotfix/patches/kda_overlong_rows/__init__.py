@@ -34,9 +34,11 @@ unavailable or does not match, a ``wrapt`` wrapper does the same (slower).
 Upstream: vllm-project/vllm PR #55774 follow-up, released in 0.31.0
 (``spec_sequence_masks_cpu &= query_lens <= num_spec + 1``).
 
-Needed when: the installed ``build`` raises the capacity error and does not route
-rows by ``<= self.num_spec + 1`` (source check); without source, by version
-(< 0.31.0).
+Needed when (``check``): the installed ``build`` has a RecoverSSM path
+(``use_recoverssm``) and does not route rows by ``<= self.num_spec + 1`` (source
+check). Not affected where the builder has no RecoverSSM path (0.28.0); not
+needed once it routes them itself (0.31.0). Where the source is unavailable it
+cannot tell: the shim applies it (the wrapt fallback) and warns.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import ast
 import inspect
 import re
 
-from kimi_hotfix import core, recompile
+from kimi_hotfix import base, core, recompile
 
 _ROUTES = re.compile(r"<=\s*self\.num_spec\s*\+\s*1")
 _PARAMS = (
@@ -106,8 +108,11 @@ def _route(builder, metadata, draft):
     return route_overlong_rows(builder, metadata, draft)
 
 
+_INSTEAD = "vLLM's own build runs on the unrouted rows"
+
+
 def _failed(exc):
-    core.wrapper_failed(PATCH.name, exc)
+    core.wrapper_failed(PATCH.name, exc, _INSTEAD)
 
 
 def _insert_guard(tree):
@@ -129,10 +134,10 @@ def inline_build(build):
     params = inspect.signature(build).parameters
     names = list(params)
     if not names or names[0] != "self" or any(p not in params for p in _GUARD_PARAMS):
-        raise core.PatchError(f"unexpected signature of build: {names}")
+        raise base.PatchError(f"unexpected signature of build: {names}")
     if any(name.startswith("_kimi_hotfix") for name in build.__code__.co_varnames
            + build.__code__.co_names):
-        raise core.PatchError("build already uses the guard's names")
+        raise base.PatchError("build already uses the guard's names")
     return recompile.recompile(
         build,
         _insert_guard,
@@ -146,7 +151,7 @@ def build_wrapper(wrapped, instance, args, kwargs):
         metadata = args[1] if len(args) > 1 else kwargs["common_attn_metadata"]
         fast = not instance.use_recoverssm or metadata.max_query_len <= instance.num_spec + 1
     except Exception as exc:
-        core.wrapper_failed(PATCH.name, exc)
+        core.wrapper_failed(PATCH.name, exc, _INSTEAD)
         fast = True
     if fast:
         return wrapped(*args, **kwargs)
@@ -162,49 +167,62 @@ def build_wrapper(wrapped, instance, args, kwargs):
             args = tuple(bound.pop(name) for name in _PARAMS[: len(args)])
             kwargs = bound
     except Exception as exc:
-        core.wrapper_failed(PATCH.name, exc)
+        core.wrapper_failed(PATCH.name, exc, _INSTEAD)
     return wrapped(*args, **kwargs)
 
 
-class KDAOverlongRowsPatch(core.Patch):
+class KDAOverlongRowsPatch(base.Patch):
     name = "kda_overlong_rows"
     target = "vllm.models.kimi_k3.nvidia.kda_metadata"
     wraps = ("KimiK3KDAMetadataBuilder.build",)
-    upstream = "vllm-project/vllm PR #55774 follow-up"
+    upstream = "PR #55774 follow-up"
     fixed_in = "0.31.0"
+    affects_from = "0.29.0"
+    symptoms = ("ValueError: KDA RecoverSSM speculative decode query length exceeds its "
+                "activation capacity (k + 1), at startup in eager dummy runs (adaptive "
+                "verification profiling), also on 0.30.0",)
     summary = "RecoverSSM: rows longer than num_spec + 1 take the non-speculative path"
-    decides = "source check: build routes rows by '<= self.num_spec + 1' (else version < 0.31.0)"
+    decides = ("source check: build has a RecoverSSM path and does not route rows by "
+               "'<= self.num_spec + 1'")
+    probe_title = ("KDA build with RecoverSSM, k=8: an eager 48 x 10-token batch and a step "
+                   "with a 12-token row")
 
     def _builder(self, module):
         builder = getattr(module, "KimiK3KDAMetadataBuilder", None)
         if builder is None or "build" not in vars(builder):
-            raise core.PatchError("KimiK3KDAMetadataBuilder.build not found")
+            raise base.PatchError("KimiK3KDAMetadataBuilder.build not found")
         return builder
 
-    def check(self, module):
+    def check(self, module, optimize):
         builder = self._builder(module)
         try:
             source = recompile.source(vars(builder)["build"])
-        except core.PatchError:
-            return self.version_fallback("source of KimiK3KDAMetadataBuilder.build unavailable")
+        except base.PatchError as exc:
+            return base.cannot_tell(str(exc))
         if "use_recoverssm" not in source:
-            return False, "builder has no RecoverSSM path"
+            return base.absent("the KDA builder has no RecoverSSM path")
         if _ROUTES.search(source):
-            return False, "build routes rows longer than num_spec + 1 out of the speculative set"
-        return True, "build raises on rows longer than num_spec + 1"
+            return base.fixed("build routes rows longer than num_spec + 1 out of the "
+                              "speculative set")
+        return base.needed("build raises on rows longer than num_spec + 1")
 
     def apply(self, module, wrap):
         builder = self._builder(module)
         if INLINE:
             try:
                 build = inline_build(vars(builder)["build"])
-            except core.PatchError as exc:
+            except base.PatchError as exc:
                 wrap(builder, "build", build_wrapper)
                 return f"wrapt wrapper: {exc}"
             wrap(builder, "build", replacement=build)
             return None
         wrap(builder, "build", build_wrapper)
         return "wrapt wrapper"
+
+    def probe(self):
+        from kimi_hotfix.patches.kda_overlong_rows import probe
+
+        return probe.run()
 
 
 PATCH = KDAOverlongRowsPatch()

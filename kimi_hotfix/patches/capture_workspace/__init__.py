@@ -22,15 +22,22 @@ With RecoverSSM off the call is passed through untouched.
 
 Upstream: vllm-project/vllm PR #55774, released in 0.30.0.
 
-Needed when: the installed ``_init_candidates`` does not consult
-``use_kda_recoverssm`` (source check); without source, by version (< 0.30.0).
+Needed when (``check``): the installed vLLM has RecoverSSM
+(``CacheConfig.use_kda_recoverssm``) and its ``_init_candidates`` does not consult
+it (source check). Not affected where RecoverSSM does not exist (0.28.0); not
+needed once ``_init_candidates`` bounds the mixed captures itself (0.30.0). Where
+the source is unavailable it cannot tell: the shim applies it and warns (with
+RecoverSSM off the wrapper passes every call through).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
-from kimi_hotfix import core
+from kimi_hotfix import base, core
+
+FIELD = "use_kda_recoverssm"
 
 
 class ClampedCompilationConfig:
@@ -56,7 +63,7 @@ def workspace_tokens(manager) -> int:
 def clamped_view(manager):
     """The view to plan with, or None when nothing needs clamping."""
     cache_config = manager.vllm_config.cache_config
-    if not getattr(cache_config, "use_kda_recoverssm", False):
+    if not getattr(cache_config, FIELD, False):
         return None
     config = manager.compilation_config
     sizes = config.cudagraph_capture_sizes
@@ -73,7 +80,7 @@ def init_candidates_wrapper(wrapped, instance, args, kwargs):
     try:
         view = clamped_view(instance)
     except Exception as exc:
-        core.wrapper_failed(PATCH.name, exc)
+        core.wrapper_failed(PATCH.name, exc, "vLLM's own capture plan is used")
         view = None
     if view is None:
         return wrapped(*args, **kwargs)
@@ -85,35 +92,50 @@ def init_candidates_wrapper(wrapped, instance, args, kwargs):
         instance.compilation_config = shared
 
 
-class CaptureWorkspacePatch(core.Patch):
+class CaptureWorkspacePatch(base.Patch):
     name = "capture_workspace"
     target = "vllm.v1.worker.gpu.cudagraph_utils"
     wraps = ("CudaGraphManager._init_candidates",)
-    upstream = "vllm-project/vllm PR #55774"
+    upstream = "PR #55774"
     fixed_in = "0.30.0"
-    summary = "RecoverSSM: no mixed CUDA graph above max_num_reqs * decode_query_len"
-    decides = "source check: _init_candidates consults use_kda_recoverssm (else version < 0.30.0)"
+    affects_from = "0.29.0"
+    symptoms = ("ValueError: KDA RecoverSSM speculative decode query length exceeds its "
+                "activation capacity (k + 1), at startup while capturing CUDA graphs "
+                "(--use-replayssm)",)
+    summary = "RecoverSSM: no mixed CUDA graph above max_num_seqs * (1 + k) tokens"
+    decides = ("RecoverSSM present (CacheConfig.use_kda_recoverssm) and a source check: "
+               "_init_candidates does not consult it")
+    probe_title = ("capture plan for 48 seqs, k=8, Hopper capture sizes (to 512): "
+                   "largest mixed graph vs RecoverSSM workspace")
 
     def _method(self, module):
         manager = getattr(module, "CudaGraphManager", None)
         method = vars(manager).get("_init_candidates") if manager is not None else None
         if method is None:
-            raise core.PatchError("CudaGraphManager._init_candidates not found")
+            raise base.PatchError("CudaGraphManager._init_candidates not found")
         return manager, method
 
-    def check(self, module):
+    def check(self, module, optimize):
         _, method = self._method(module)
+        cache_config = importlib.import_module("vllm.config").CacheConfig
+        if FIELD not in getattr(cache_config, "__dataclass_fields__", {}):
+            return base.absent("this vLLM has no RecoverSSM (no CacheConfig.use_kda_recoverssm)")
         try:
             source = inspect.getsource(method)
-        except (OSError, TypeError):
-            return self.version_fallback("source of _init_candidates unavailable")
-        if "use_kda_recoverssm" in source:
-            return False, "_init_candidates bounds mixed captures for RecoverSSM"
-        return True, "_init_candidates plans mixed graphs above the RecoverSSM workspace"
+        except (OSError, TypeError) as exc:
+            return base.cannot_tell(f"source of _init_candidates unavailable ({exc})")
+        if FIELD in source:
+            return base.fixed("_init_candidates bounds mixed captures for RecoverSSM")
+        return base.needed("_init_candidates plans mixed graphs above the RecoverSSM workspace")
 
     def apply(self, module, wrap):
         manager, _ = self._method(module)
         wrap(manager, "_init_candidates", init_candidates_wrapper)
+
+    def probe(self):
+        from kimi_hotfix.patches.capture_workspace import probe
+
+        return probe.run()
 
 
 PATCH = CaptureWorkspacePatch()

@@ -1,4 +1,4 @@
-"""Kimi-K3 KV-cache grouping, computed by the installed vLLM's own planner.
+"""kv_spec_merge's probe: Kimi-K3 KV-cache grouping by the installed vLLM's own planner.
 
 Importing this module imports vLLM (CPU is enough: set VLLM_TARGET_DEVICE=cpu).
 The layer sets are built from the real spec classes of
@@ -8,26 +8,22 @@ of one set and describes the result in release-independent JSON, so that the
 output of two vLLM releases (or of one release with and without the shim) can
 be compared with ``==``.
 
-    python [-O] -m kimi_hotfix.probes.kv_grouping
-
-prints one ``KIMI_JSON:{...}`` line per layer set, one for the target + draft
-merge, one for ``preflight()`` and one for the process (version, -O, seed,
-shim state), so a single subprocess computes everything the tests need.
+``run()`` is the preflight probe: the target + draft merge and every layer set,
+checked for properties that hold for every PYTHONHASHSEED.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import sys
+import re
 
 import torch
 
 from vllm.v1 import kv_cache_interface as kvi
 
+from kimi_hotfix.base import ProbeResult
+
 CAPABILITY = "non_causal_multi_token_decode"
-JSON_MARK = "KIMI_JSON:"
 
 # Kimi-K3-like shapes. MLA caches one 576-wide latent (512 kv_lora + 64 rope)
 # per token in bf16, one KV head, no separate V.
@@ -290,55 +286,47 @@ def problems(result: dict) -> list:
     return sorted(set(found))
 
 
-def preflight() -> dict:
+def _spec_label(spec):
+    label = re.sub(r"(AttentionSpec|Specs?)$", "", spec.get("type", "?"))
+    if spec.get("cache_dtype_str") is not None:
+        label += f" {spec['cache_dtype_str']}"
+    if CAPABILITY in spec:
+        label += " cap=" + ("on" if spec[CAPABILITY] else "off")
+    return label
+
+
+def describe_grouping(result: dict) -> str:
+    """One line for a ``grouping()`` result: "MLA cap=on (4) | 3x Mamba (3)"."""
+    groups = result.get("groups")
+    if isinstance(groups, dict):
+        return f"error: {groups.get('error')}"
+    parts = []
+    for group in groups or []:
+        inner = group.get("layer_specs")
+        if inner:  # one group, one spec per layer (e.g. UniformTypeKVCacheSpecs)
+            labels = [_spec_label(s) for s in inner.values()]
+            kinds = ", ".join(f"{lab} ({labels.count(lab)})" for lab in dict.fromkeys(labels))
+            parts.append(f"{_spec_label(group['spec'])}[{kinds}]")
+        else:
+            parts.append(f"{_spec_label(group['spec'])} ({len(group['layers'])})")
+    collapsed = [f"{parts.count(p)}x {p}" if parts.count(p) > 1 else p for p in dict.fromkeys(parts)]
+    return " | ".join(collapsed) or "no groups"
+
+
+def run() -> ProbeResult:
     """Is the Kimi-K3 grouping right with the merge methods as installed now?"""
     merge = mla_merge_target_draft()
-    found = []
+    found, cases = [], {}
     if "error" in merge:
         found.append(f"MLAAttentionSpec.merge(target, draft): {merge['error']}")
-    elif merge[CAPABILITY] is not True:
-        found.append(f"MLAAttentionSpec.merge(target, draft) drops {CAPABILITY}")
+        cases["merge target+draft"] = merge["error"]
+    else:
+        cases["merge target+draft"] = f"{CAPABILITY}={merge[CAPABILITY]}"
+        if merge[CAPABILITY] is not True:
+            found.append(f"MLAAttentionSpec.merge(target, draft) drops {CAPABILITY}")
     for name in LAYER_SETS:
-        found.extend(f"{name}: {p}" for p in problems(grouping(name)))
-    return {
-        "patch": "kv_spec_merge",
-        "probe": "vLLM's planner groups Kimi-K3 MLA target + DSpark draft + KDA layers",
-        "ok": not found,
-        "detail": "; ".join(found) if found else "draft capability kept, KDA apart, cache dtypes apart",
-    }
-
-
-def _process_info() -> dict:
-    import vllm
-
-    info = {
-        "vllm": getattr(vllm, "__version__", None),
-        "optimize": sys.flags.optimize,
-        "hashseed": os.environ.get("PYTHONHASHSEED"),
-        "planner": planner().__name__,
-    }
-    shim = sys.modules.get("kimi_hotfix.core")
-    if shim is not None:
-        info["states"] = shim.states()
-        info["merge_wrapped"] = {
-            cls.__name__: shim.is_wrapped(vars(cls)["merge"])
-            for cls in vars(kvi).values()
-            if isinstance(cls, type) and "merge" in vars(cls) and issubclass(cls, kvi.KVCacheSpec)
-        }
-    return info
-
-
-def main() -> int:
-    def emit(obj):
-        print(JSON_MARK + json.dumps(obj, sort_keys=True), flush=True)
-
-    emit({"kind": "process", **_process_info()})
-    emit({"kind": "merge_target_draft", **mla_merge_target_draft()})
-    for name in LAYER_SETS:
-        emit({"kind": "grouping", **grouping(name)})
-    emit({"kind": "preflight", **preflight()})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        result = grouping(name)
+        cases[name] = describe_grouping(result)
+        found.extend(f"{name}: {p}" for p in problems(result))
+    detail = "; ".join(found) or "draft capability kept, KDA apart, cache dtypes apart"
+    return ProbeResult(ok=not found, detail=detail, cases=cases)

@@ -1,0 +1,230 @@
+"""kv_spec_merge: KV-cache spec merges that survive ``python -O`` (Kimi-K3 DSpark/DCP).
+
+Why: vLLM 0.29.0 (PR #54277) keeps the causal Kimi-K3 target MLA layers and the
+non-causal DSpark draft MLA layers apart with an ``assert`` in
+``MLAAttentionSpec.merge`` and then takes ``non_causal_multi_token_decode`` from
+``set.pop()``. Optimized Python (``-O``, the nightly containers) strips the
+assert: the groups collapse, the draft loses its capability flag and CUDA-graph
+replay hits an illegal memory access (issue #54649). Every release up to 0.33.0
+still guards ``FullAttentionSpec``/``MLAAttentionSpec``/``SlidingWindowMLASpec``/
+``RSWASpec``/``SinkFullAttentionSpec.merge`` with bare asserts, so ``-O`` merges
+MLA specs that differ in ``cache_dtype_str`` (value picked by ``set.pop()``, i.e.
+by PYTHONHASHSEED) or dies with ``AttributeError: 'MambaSpec' object has no
+attribute 'cache_dtype_str'`` when MLA layers precede a Mamba/KDA layer.
+
+What it changes: every ``merge`` classmethod defined in
+``vllm.v1.kv_cache_interface`` whose source holds an ``assert`` is recompiled from
+vLLM's own source with each ``assert cond, msg`` rewritten to
+``if not cond: raise AssertionError(msg)`` (compiled with ``optimize=0``), so the
+checks, and the planner's ``except AssertionError`` fallbacks, behave the same
+with and without ``-O``, and no value is popped from an unchecked set. Because the
+code is vLLM's own, fields that a later release adds are checked too. For specs
+that carry ``non_causal_multi_token_decode``, the flag is merged as a group
+capability, ``any(...)``, the maintainers' semantics (PR #55234): each spec is
+given the group's value before the (hardened) merge runs. The physical cache
+layout is untouched.
+
+Upstream: PR #55234 (vLLM 0.30.0) fixed the capability merge and the base
+``KVCacheSpec.merge`` guard; the other bare asserts are still there in 0.33.0.
+
+Needed when (``check``): under ``-O``, some merge in the module still guards with
+``assert`` (a source check, decided on its own: a failing behaviour probe cannot
+hide it); or ``MLAAttentionSpec.merge`` does not merge a causal and a
+non-causal MLA spec into one spec with the capability on (a behaviour probe on
+real specs). A check that cannot run (no source under ``-O``, a spec that cannot
+be built) cannot tell: the shim applies the patch and warns. On a vLLM whose
+merge has the capability semantics, without ``-O``, it is not needed and
+changes nothing. It goes away when vLLM's merges raise explicitly (the fix in
+upstream/ of this repository): then the source check finds no assert.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+
+from kimi_hotfix import base, core, recompile
+
+CAPABILITY = "non_causal_multi_token_decode"
+ASSERTS_MEASURED_UP_TO = "0.33.0"  # every release up to this one guards merges with assert
+
+
+class _AssertToRaise(ast.NodeTransformer):
+    """``assert test, msg`` -> ``if not test: raise AssertionError(msg)``."""
+
+    def visit_Assert(self, node):
+        raise_exc = ast.Raise(
+            exc=ast.Call(
+                func=ast.Name(id="AssertionError", ctx=ast.Load()),
+                args=[node.msg] if node.msg is not None else [],
+                keywords=[],
+            ),
+            cause=None,
+        )
+        check = ast.If(
+            test=ast.UnaryOp(op=ast.Not(), operand=node.test), body=[raise_exc], orelse=[]
+        )
+        return ast.copy_location(check, node)
+
+
+def has_assert(func) -> bool:
+    return any(isinstance(n, ast.Assert) for n in ast.walk(recompile.function_ast(func)))
+
+
+def harden(func):
+    """Recompile vLLM's ``func`` with its asserts turned into explicit raises
+    (``optimize=0``: the raises stay under ``-O``)."""
+    return recompile.recompile(func, _AssertToRaise().visit, optimize=0)
+
+
+def merge_classes(module):
+    """Classes of ``module`` that define their own ``merge`` classmethod."""
+    spec_base = getattr(module, "KVCacheSpec", None)
+    if spec_base is None:
+        raise base.PatchError("vllm.v1.kv_cache_interface.KVCacheSpec not found")
+    found = [
+        obj for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, spec_base)
+        and obj.__module__ == module.__name__ and isinstance(vars(obj).get("merge"), classmethod)
+    ]
+    if not found:
+        raise base.PatchError("no merge classmethods found in vllm.v1.kv_cache_interface")
+    return found
+
+
+def asserted_merges(module) -> list:
+    """Names of the classes whose own merge guards with ``assert`` (source check;
+    PatchError where a source is unavailable)."""
+    return [c.__name__ for c in merge_classes(module) if has_assert(vars(c)["merge"].__func__)]
+
+
+def _has_capability(cls) -> bool:
+    return dataclasses.is_dataclass(cls) and any(
+        f.name == CAPABILITY for f in dataclasses.fields(cls)
+    )
+
+
+def capability_merge(module) -> str:
+    """How the installed MLAAttentionSpec.merge treats a Kimi-K3 target + DSpark
+    draft pair (two real specs): "absent" (no such spec or field), "any" (one
+    spec, capability on), "drops" or "rejects" (AssertionError). Raises where the
+    specs cannot be built."""
+    mla = getattr(module, "MLAAttentionSpec", None)
+    if mla is None or not _has_capability(mla):
+        return "absent"
+    import torch
+
+    shape = dict(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    target, draft = mla(**shape), mla(**shape, **{CAPABILITY: True})
+    try:
+        merged = mla.merge([target, draft])
+    except AssertionError:
+        return "rejects"
+    return "any" if getattr(merged, CAPABILITY, False) is True else "drops"
+
+
+class KVSpecMergePatch(base.Patch):
+    name = "kv_spec_merge"
+    target = "vllm.v1.kv_cache_interface"
+    wraps = ("KVCacheSpec.merge", "FullAttentionSpec.merge", "MLAAttentionSpec.merge",
+             "SlidingWindowMLASpec.merge", "RSWASpec.merge", "SinkFullAttentionSpec.merge",
+             "(every other merge with an assert)")
+    upstream = "PR #55234 (issue #54649)"
+    fixed_in = "0.30.0"
+    symptoms = (
+        "DSpark/DCP illegal memory access in CUDA-graph replay under python -O "
+        "(the draft loses non_causal_multi_token_decode)",
+        "AttributeError: 'MambaSpec' object has no attribute 'cache_dtype_str' (python -O)",
+        "MLA layers with different cache_dtype_str merged under python -O "
+        "(value depends on PYTHONHASHSEED)",
+    )
+    summary = "merge checks raise AssertionError under -O; the draft capability merges with any()"
+    decides = ("under -O: a source check for merges still guarded by assert; and a "
+               "behaviour probe: MLAAttentionSpec.merge(target, draft) keeps the capability")
+    probe_title = "vLLM's planner groups Kimi-K3 MLA target + DSpark draft + KDA layers"
+
+    def check(self, module, optimize):
+        if optimize:
+            try:
+                guarded = asserted_merges(module)
+            except base.PatchError as exc:  # no source: the -O fix cannot be ruled out
+                return base.cannot_tell(f"under -O: {exc}")
+            if guarded:
+                return base.needed(f"-O strips the asserts of {', '.join(guarded)}.merge")
+        merge = capability_merge(module)  # raising: core reports "cannot tell"
+        if merge in ("drops", "rejects"):
+            return base.needed(f"MLAAttentionSpec.merge {merge} the DSpark draft capability")
+        live = "no merge relies on assert" if optimize else "asserts are live without -O"
+        if merge == "absent":
+            return base.absent(f"no MLA draft capability in this vLLM; {live}")
+        return base.fixed(f"MLAAttentionSpec.merge keeps the draft capability; {live}")
+
+    def apply(self, module, wrap):
+        plan = []
+        for cls in merge_classes(module):
+            func = vars(cls)["merge"].__func__
+            if core.is_wrapped(vars(cls)["merge"]):
+                continue
+            hardened, capability = has_assert(func), _has_capability(cls)
+            if hardened or capability:
+                plan.append((cls, harden(func) if hardened else func, hardened, capability))
+        # Recompile everything first, then wrap: a failure leaves vLLM untouched.
+        for cls, impl, hardened, capability in plan:
+            wrap(cls, "merge", _make_wrapper(impl, hardened, capability))
+
+    def probe(self):
+        from kimi_hotfix.patches.kv_spec_merge import probe
+
+        return probe.run()
+
+    def expect(self, version, optimize):
+        if version is None or not optimize:
+            needed, text = super().expect(version, optimize)
+            if version is not None and not base.version_at_least(version, "0.29.0"):
+                needed, text = False, f"not needed: vLLM {version} merges the capability with any()"
+            return needed, text + "; under -O it is needed while the merges guard with assert"
+        if base.version_at_least(version, _next(ASSERTS_MEASURED_UP_TO)):
+            return None, (f"under -O: unknown past {ASSERTS_MEASURED_UP_TO}; the source check "
+                          "decides (needed while a merge guards with assert)")
+        return True, (f"needed under -O: the spec merges guard with bare asserts in every "
+                      f"release up to {ASSERTS_MEASURED_UP_TO}")
+
+
+def _next(release):
+    major, minor, micro, _ = base.parse_version(release)
+    return f"{major}.{minor}.{micro + 1}"
+
+
+def _make_wrapper(impl, hardened: bool, capability: bool):
+    instead = (("the rebuilt merge (asserts as explicit raises)" if hardened
+                else "vLLM's own merge") + " runs without the group capability")
+
+    def merge_wrapper(wrapped, instance, args, kwargs):
+        # ``instance`` is the class the classmethod was looked up on.
+        cls = instance if isinstance(instance, type) else type(instance)
+        if capability:
+            try:
+                args, kwargs = _with_group_capability(args, kwargs)
+            except Exception as exc:
+                core.wrapper_failed(PATCH.name, exc, instead)
+        return impl(cls, *args, **kwargs)
+
+    merge_wrapper.__qualname__ = f"kimi_hotfix.kv_spec_merge[{impl.__qualname__}]"
+    return merge_wrapper
+
+
+def _with_group_capability(args, kwargs):
+    specs = args[0] if args else kwargs["specs"]
+    group = any(getattr(spec, CAPABILITY, False) for spec in specs)
+    same = [
+        dataclasses.replace(spec, **{CAPABILITY: group})
+        if _has_capability(type(spec)) and getattr(spec, CAPABILITY) != group
+        else spec
+        for spec in specs
+    ]
+    if args:
+        return (same, *args[1:]), kwargs
+    return args, {**kwargs, "specs": same}
+
+
+PATCH = KVSpecMergePatch()

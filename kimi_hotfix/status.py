@@ -1,0 +1,282 @@
+"""``python -m kimi_hotfix status``: what the shim does in THIS interpreter.
+
+Imports no vLLM, torch or wrapt (package metadata and import specs only): the
+interpreter and its flags, the installed vLLM, the toggles, whether the
+sitecustomize bootstrap ran here (and which one it chained), the vLLM plugin,
+and per patch its state before vLLM loads, how it will decide, and what the
+version string alone suggests. Patches supply their own texts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from kimi_hotfix import __version__, base
+
+PLUGIN_GROUP = "vllm.general_plugins"
+PLUGIN_NAME = "kimi_hotfix"
+ALIAS = "kimi_hotfix_sitecustomize"  # the root sitecustomize.py registers itself here
+
+
+def _dist_version(name):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+    except Exception:  # a broken dist-info must not break status
+        return None
+
+
+def _find_spec(name):
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name)  # top-level name: imports nothing
+    except (ImportError, ValueError):
+        return None
+
+
+def _wrapt_info():
+    """The wrapt the shim would use, found without importing it."""
+    spec = _find_spec("wrapt")
+    return {"installed": spec is not None,
+            "version": _dist_version("wrapt") if spec is not None else None,
+            "path": getattr(spec, "origin", None)}
+
+
+def _plugin_entry():
+    """The installed ``vllm.general_plugins`` entry point named kimi_hotfix."""
+    from importlib import metadata
+
+    try:
+        eps = metadata.entry_points()
+        group = eps.select(group=PLUGIN_GROUP) if hasattr(eps, "select") else eps.get(PLUGIN_GROUP, ())
+    except Exception:
+        return None
+    for ep in group:
+        if ep.name == PLUGIN_NAME:
+            return ep
+    return None
+
+
+def _python_info():
+    flags = sys.flags
+    level = flags.optimize
+    info = {
+        "executable": sys.executable,
+        "version": sys.version.split()[0],
+        "implementation": sys.implementation.name,
+        "optimize": level,
+        "optimize_flag": "-" + "O" * level if level else "",
+        "PYTHONOPTIMIZE": os.environ.get("PYTHONOPTIMIZE"),
+        "no_site": bool(flags.no_site),  # -S
+        "isolated": bool(flags.isolated),  # -I (implies -E, -s, -P)
+        "ignore_environment": bool(flags.ignore_environment),  # -E
+    }
+    notes = []
+    if level:
+        notes.append(
+            f"optimize level {level}: assert statements are stripped"
+            + (" and docstrings too" if level > 1 else "")
+            + " (patches decide for it: see the patches)"
+        )
+    if info["PYTHONOPTIMIZE"] and flags.ignore_environment:
+        notes.append("PYTHONOPTIMIZE is set but ignored here (-E/-I)")
+    if flags.no_site:
+        notes.append(
+            "-S: site.py does not run, so no sitecustomize runs at all: the PYTHONPATH "
+            "shim cannot load in this interpreter (site-packages is not on sys.path "
+            "either; the vLLM plugin can arm it only if vLLM is importable and loads "
+            "its plugins)"
+        )
+    if flags.isolated or flags.ignore_environment:
+        which = "-I" if flags.isolated else "-E"
+        notes.append(
+            f"{which}: PYTHON* variables are ignored, PYTHONPATH included, so the shim "
+            "directory is not on sys.path and its sitecustomize cannot load; only the "
+            "pip-installed vLLM plugin can arm it (KIMI_HOTFIX_* variables are still read)"
+        )
+    info["notes"] = notes
+    return info
+
+
+def _shim_info(python):
+    site = sys.modules.get(ALIAS)
+    pythonpath = [] if python["ignore_environment"] else [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
+    ]
+    shim_dirs = [
+        os.path.abspath(p)
+        for p in pythonpath
+        if os.path.isfile(os.path.join(p, "sitecustomize.py"))
+        and os.path.isdir(os.path.join(p, "kimi_hotfix"))
+    ]
+    other = sys.modules.get("sitecustomize")
+    other_file = getattr(other, "__file__", None) if other is not None else None
+    info = {
+        "sitecustomize_loaded": site is not None,
+        "loaded_from": getattr(site, "LOADED_FROM", None),
+        "chained": list(getattr(site, "CHAINED", []) or []),
+        "pythonpath_shim_dirs": shim_dirs,
+        "sitecustomize_module": other_file,  # the module site.py imported last
+    }
+    if site is not None:
+        why = f"loaded by this interpreter from {info['loaded_from']}"
+    elif python["no_site"]:
+        why = "not loaded: -S (no sitecustomize runs)"
+    elif python["isolated"] or python["ignore_environment"]:
+        why = "not loaded: PYTHONPATH is ignored (-I/-E)"
+    elif shim_dirs:
+        why = f"not loaded although {shim_dirs[0]} is on PYTHONPATH"
+        if other_file:
+            why += f" (another sitecustomize ran first: {other_file})"
+    else:
+        why = "not loaded: the kimi-hotfix directory is not on PYTHONPATH"
+    info["why"] = why
+    return info
+
+
+def _plugin_info():
+    ep = _plugin_entry()
+    allowed = os.environ.get("VLLM_PLUGINS")
+    info = {
+        "installed": ep is not None,
+        "group": PLUGIN_GROUP,
+        "name": PLUGIN_NAME,
+        "value": getattr(ep, "value", None),
+        "VLLM_PLUGINS": allowed,
+    }
+    # vLLM loads every plugin when VLLM_PLUGINS is unset, else only those listed.
+    allowed_names = None if allowed is None else allowed.split(",")
+    info["loads"] = ep is not None and (allowed_names is None or PLUGIN_NAME in allowed_names)
+    if ep is None:
+        info["why"] = "not installed (pip install the package to get it)"
+    elif not info["loads"]:
+        info["why"] = f"installed, but VLLM_PLUGINS={allowed!r} does not list {PLUGIN_NAME}"
+    else:
+        info["why"] = "installed: vLLM arms the shim in every process it starts"
+    return info
+
+
+def status_report() -> dict:
+    """Everything ``status`` prints. Imports no vLLM, torch or wrapt."""
+    from kimi_hotfix import config, core
+
+    python = _python_info()
+    vllm_version = _dist_version("vllm")
+    names = core.patch_names()
+    cfg = config.parse(names)
+    toggles = {
+        "enabled": cfg.enabled,
+        "disabled": sorted(cfg.disabled),
+        "forced": sorted(cfg.forced),
+        "strict": cfg.strict,
+        "log_level": cfg.log_level,
+        "set": dict(cfg.raw),
+        "warnings": list(cfg.warnings),
+    }
+    shim = _shim_info(python)
+    plugin = _plugin_info()
+    wrapt = _wrapt_info()
+    patches = []
+    for name, patch in core.patches().items():
+        state = core.initial_state(name, cfg)
+        if state.kind == base.PENDING and not wrapt["installed"]:
+            state = base.State(base.FAILED, "wrapt is not installed")
+        if state.kind != base.PENDING:
+            decision = str(state)
+        elif name in cfg.forced:
+            decision = f"forced (KIMI_HOTFIX_FORCE): applied when vLLM imports {patch.target}"
+        else:
+            decision = f"decided when vLLM imports {patch.target}: {patch.decides}"
+        needed, why = patch.expect(vllm_version, python["optimize"])
+        patches.append({
+            "name": name, "kind": state.kind, "state": str(state), "target": patch.target,
+            "wraps": list(patch.wraps), "upstream": patch.upstream, "fixed_in": patch.fixed_in,
+            "summary": patch.summary, "symptoms": list(patch.symptoms), "decision": decision,
+            "expected_needed": needed,  # an expectation from the version string only
+            "expectation": why,
+        })
+    via = (["sitecustomize"] if shim["sitecustomize_loaded"] else []) + (
+        ["vLLM plugin"] if plugin["loads"] else []
+    )
+    if not cfg.enabled:
+        active = "OFF: KIMI_HOTFIX turns the shim off"
+    elif not via:
+        active = f"INACTIVE: sitecustomize {shim['why']}; no vLLM plugin that loads"
+    elif not wrapt["installed"]:
+        active = "INACTIVE: wrapt is not installed (pip install wrapt, or use the bundle)"
+    elif vllm_version is None:
+        active = f"loaded (via {' and '.join(via)}), idle: vLLM is not installed here"
+    else:
+        active = f"arms when vLLM is imported (via {' and '.join(via)})"
+    return {
+        "kimi_hotfix": {
+            "version": __version__,
+            "path": os.path.dirname(os.path.abspath(__file__)),
+        },
+        "active": active,
+        "python": python,
+        "vllm": {"installed": vllm_version is not None, "version": vllm_version},
+        "wrapt": wrapt,
+        "toggles": toggles,
+        "shim": shim,
+        "plugin": plugin,
+        "patches": patches,
+    }
+
+
+def _onoff(value):
+    return "yes" if value else "no"
+
+
+def print_status(report, out=None):
+    out = out or sys.stdout
+    w = out.write
+    py = report["python"]
+    opt = f"optimize {py['optimize']}" + (f" ({py['optimize_flag']})" if py["optimize"] else "")
+    popt = py["PYTHONOPTIMIZE"]
+    w(f"kimi-hotfix {report['kimi_hotfix']['version']} status ({report['kimi_hotfix']['path']})\n")
+    w(f"  active     {report['active']}\n")
+    w(f"  python     {py['version']} {py['executable']}, {opt}, "
+      f"PYTHONOPTIMIZE={popt if popt is not None else 'unset'}\n")
+    w(f"  flags      -S {_onoff(py['no_site'])}   -I {_onoff(py['isolated'])}   "
+      f"-E {_onoff(py['ignore_environment'])}\n")
+    for note in py["notes"]:
+        _wrapped(w, "  note       ", note, " " * 13)
+    v = report["vllm"]
+    missing = "not found" + (" (-S: site-packages is not on sys.path)" if py["no_site"] else "")
+    w(f"  vllm       {v['version'] + ' (package metadata; not imported)' if v['installed'] else missing}\n")
+    wr = report["wrapt"]
+    no_wrapt = "NOT found: the shim cannot wrap anything" + (" (-S)" if py["no_site"] else "")
+    w(f"  wrapt      {(wr['version'] or 'installed') if wr['installed'] else no_wrapt}\n")
+    shim = report["shim"]
+    w(f"  shim       {shim['why']}\n")
+    if shim["sitecustomize_loaded"]:
+        chained = ", ".join(shim["chained"]) or "none found later on sys.path"
+        w(f"  chained    {chained}\n")
+    pl = report["plugin"]
+    w(f"  plugin     {pl['group']}:{pl['name']} {pl['why']}\n")
+    t = report["toggles"]
+    w(f"  toggles    KIMI_HOTFIX={'on' if t['enabled'] else 'off'}  "
+      f"disable={','.join(t['disabled']) or '-'}  force={','.join(t['forced']) or '-'}  "
+      f"strict={'on' if t['strict'] else 'off'}  log={t['log_level']}\n")
+    for warning in t["warnings"]:
+        w(f"  WARNING    {warning}\n")
+    w("  patches    here: what this interpreter does; expect: from the version string only\n")
+    width = max(len(p["name"]) for p in report["patches"])
+    pad = " " * (4 + width + 2)
+    for p in report["patches"]:
+        _wrapped(w, f"    {p['name']:<{width}}  ", f"{p['summary']} [{p['kind']}]", pad)
+        _wrapped(w, f"{pad}here    ", p["decision"], pad + " " * 8)
+        _wrapped(w, f"{pad}expect  ", p["expectation"], pad + " " * 8)
+
+
+def _wrapped(w, first, text, indent, width=110):
+    import textwrap
+
+    lines = textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent)
+    w("\n".join(lines or [first]) + "\n")
