@@ -55,7 +55,7 @@ def report(**extra):
     out = {
         "pid": __import__("os").getpid(),
         "optimize": sys.flags.optimize,
-        "states": core.states(),
+        "states": {name: str(state) for name, state in core.states().items()},
         "armed_by": core.armed_by(),
         "wrapped": wrapped,
         "recorded": recorded(core),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 
@@ -54,6 +53,14 @@ def layered_venv(dest: Path, base_python: str, layers=(), hide=(), pip=False) ->
     return python
 
 
-def vllm_site_packages() -> Path:
-    """site-packages of the vLLM venv that runs this pytest process."""
-    return site_packages(sys.executable)
+def site_dirs(python: str) -> list:
+    """Every directory ``python`` gets its packages from: its purelib, then the
+    directories named by the .pth files there (a venv layered over others)."""
+    purelib = site_packages(python)
+    found = [purelib]
+    for pth in sorted(purelib.glob("*.pth")):
+        for line in pth.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", "import")) and Path(line).is_dir():
+                found.append(Path(line))
+    return found

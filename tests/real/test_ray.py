@@ -17,26 +17,28 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, VLLM_VERSION, hermetic_env, json_lines, run_python
-from standins.venvs import layered_venv, vllm_site_packages
+from harness import venv_python
 
-pytestmark = pytest.mark.vllm("0.29.0")
+from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python
+from standins.venvs import layered_venv, site_dirs
+
+pytestmark = pytest.mark.releases("0.29.0")
 
 RAY = "ray==2.58.0"
-STANDINS = REPO / "tests" / "standins"
 CACHE = Path(os.environ.get("KIMI_HOTFIX_CACHE", Path.home() / ".cache" / "kimi-hotfix"))
 
 
-def ray_python() -> str:
+def ray_python(release) -> str:
     """The cached venv (vLLM venv packages + ray); built once, under a lock."""
-    venv = CACHE / "venvs" / f"ray-over-vllm-{VLLM_VERSION}"
-    base_stamp = Path(sys.prefix) / ".kimi-hotfix-stamp"
-    stamp_text = f"{RAY} over {sys.prefix}: {base_stamp.read_text().strip() if base_stamp.exists() else '?'}"
+    base = venv_python(release)
+    prefix = Path(base).parents[1]
+    venv = CACHE / "venvs" / f"ray-over-vllm-{release}"
+    base_stamp = prefix / ".kimi-hotfix-stamp"
+    stamp_text = f"{RAY} over {prefix}: {base_stamp.read_text().strip() if base_stamp.exists() else '?'}"
     stamp = venv / ".kimi-hotfix-stamp"
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f".{venv.name}.lock", "w") as lock:
@@ -44,11 +46,11 @@ def ray_python() -> str:
         if stamp.exists() and stamp.read_text() == stamp_text:
             return str(venv / "bin" / "python")
         shutil.rmtree(venv, ignore_errors=True)
-        python = layered_venv(venv, sys.executable, [vllm_site_packages()])
+        python = layered_venv(venv, base, site_dirs(base))
         # the vLLM venv's pip installs ray (and only what the vLLM venv lacks)
         run_python(
             ["-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check", RAY],
-            env=hermetic_env(shim=False, PIP_ROOT_USER_ACTION="ignore"), timeout=900,
+            python=base, env=hermetic_env(shim=False, PIP_ROOT_USER_ACTION="ignore"), timeout=900,
         )
         run_python(["-c", "import ray, vllm"], python=python, env=hermetic_env(shim=False))
         stamp.write_text(stamp_text)
@@ -105,8 +107,8 @@ mechanics.emit(results)
 """
 
 
-def test_ray_workers_are_patched_via_runtime_env(tmp_path):
-    python = ray_python()
+def test_ray_workers_are_patched_via_runtime_env(tmp_path, release):
+    python = ray_python(release)
     ray_tmp = Path("/tmp") / f"kh-ray-{os.getpid()}"  # AF_UNIX paths must stay short
     shutil.rmtree(ray_tmp, ignore_errors=True)
     script = tmp_path / "driver.py"

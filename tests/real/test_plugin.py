@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, hermetic_env, json_lines, run_python
-from standins.venvs import layered_venv, site_packages, vllm_site_packages
+from harness import venv_python
 
-pytestmark = pytest.mark.vllm("0.29.0")
+from helpers import REPO, STANDINS, SUMMARY, hermetic_env, json_lines, run_python
+from standins.venvs import layered_venv, site_dirs, site_packages
 
-STANDINS = REPO / "tests" / "standins"
+pytestmark = pytest.mark.releases("0.29.0")
+
 PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
-SUMMARY = "kimi-hotfix 0.1.0 ("
 LOAD_PLUGINS = (
     "import sys\n"
     "import vllm.v1.kv_cache_interface as kv\n"
@@ -55,19 +54,20 @@ def installed(tmp_path_factory):
         REPO, src,
         ignore=shutil.ignore_patterns(".git", "tests", "bench", "__pycache__", "build", "*.egg-info", "bundle*"),
     )
-    python = layered_venv(root / "venv", sys.executable, [vllm_site_packages()])
+    base = venv_python("0.29.0")
+    python = layered_venv(root / "venv", base, site_dirs(base))
     # the vLLM venv's pip installs into the new venv (--python); no network:
     # no dependencies (wrapt comes from the vLLM venv), setuptools from there too
     proc = run_python(
         ["-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-build-isolation",
          "--no-index", str(src)],
-        env=hermetic_env(shim=False), timeout=600,
+        python=base, env=hermetic_env(shim=False), timeout=600,
     )
     site = site_packages(python)
     return python, site
 
 
-def test_pip_install_lays_out_the_package_and_entry_point(installed):
+def test_pip_install_lays_out_the_package_and_entry_point(release, installed):
     python, site = installed
     assert (site / "kimi_hotfix" / "core.py").is_file()
     assert not (site / "sitecustomize.py").exists()  # never hijack the image's sitecustomize
@@ -77,7 +77,7 @@ def test_pip_install_lays_out_the_package_and_entry_point(installed):
     assert "[vllm.general_plugins]" in eps and "kimi_hotfix = kimi_hotfix.plugin:register" in eps
 
 
-def test_vllm_plugin_loader_arms_without_pythonpath(installed):
+def test_vllm_plugin_loader_arms_without_pythonpath(release, installed):
     python, site = installed
     runs = {}
     for label, extra in (("on", {}), ("off", {"KIMI_HOTFIX": "0"})):
@@ -100,7 +100,7 @@ def test_vllm_plugin_loader_arms_without_pythonpath(installed):
     assert off["capability"] is False
 
 
-def test_plugin_and_pythonpath_bootstrap_wrap_once(installed):
+def test_plugin_and_pythonpath_bootstrap_wrap_once(release, installed):
     python, _ = installed
     proc = run_python(["-c", LOAD_PLUGINS], python=python, flags=["-O"], env=hermetic_env(),
                       cwd=python_cwd(python))
@@ -114,7 +114,7 @@ def test_plugin_and_pythonpath_bootstrap_wrap_once(installed):
     assert len([l for l in proc.stderr.splitlines() if SUMMARY in l]) == 1
 
 
-def test_installed_status_command(installed):
+def test_installed_status_command(release, installed):
     python, site = installed
     proc = run_python(["-m", "kimi_hotfix", "status", "--json"], python=python,
                       env=hermetic_env(shim=False), cwd=python_cwd(python))

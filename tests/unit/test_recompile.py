@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import OPT_FLAGS, OPT_IDS, REPO, hermetic_env, json_lines, run_python
-from standins.common import STANDINS
-
-pytestmark = pytest.mark.vllm("0.29.0")
+from helpers import OPT_FLAGS, REPO, STANDINS, hermetic_env, json_lines, run_python
 
 CHILD = r"""
 import ast, inspect, json, sys, traceback
 sys.path.insert(0, %(target)r)
 import sample
 from kimi_hotfix import recompile
-from kimi_hotfix.core import PatchError
+from kimi_hotfix.base import PatchError
 
 out = {"optimize": sys.flags.optimize}
 merge = vars(sample.Sample)["merge"].__func__
@@ -72,7 +69,7 @@ print("KIMI_JSON:" + json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("flags", OPT_FLAGS, ids=OPT_IDS)
+@pytest.mark.parametrize("flags", list(OPT_FLAGS.values()), ids=list(OPT_FLAGS))
 def test_recompile_mechanics(flags):
     code = CHILD % {"target": str(STANDINS / "recompile_target")}
     proc = run_python(["-c", code], flags=flags, env=hermetic_env(), cwd=REPO)

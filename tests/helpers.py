@@ -1,0 +1,69 @@
+"""Helpers shared by both test tiers (stdlib only; Python 3.9+)."""
+
+from __future__ import annotations
+import json
+import re
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STANDINS = REPO / "tests" / "standins"
+JSON_MARK = "KIMI_JSON:"
+OPT_FLAGS = {"plain": [], "O": ["-O"], "OO": ["-OO"]}
+TOGGLES = ("KIMI_HOTFIX", "KIMI_HOTFIX_DISABLE", "KIMI_HOTFIX_FORCE", "KIMI_HOTFIX_STRICT",
+           "KIMI_HOTFIX_LOG_LEVEL")
+SUMMARY = "kimi-hotfix {} (".format(
+    re.search(r'__version__ = "([^"]+)"', (REPO / "kimi_hotfix" / "__init__.py").read_text()).group(1))
+
+
+def hermetic_env(shim: bool = True, **extra) -> dict:
+    """Environment for a child interpreter: CPU vLLM, offline, no stray toggles."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("KIMI_HOTFIX") and k not in ("PYTHONPATH", "PYTHONOPTIMIZE",
+                                                         "PYTHONHASHSEED")
+    }
+    env.update(
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_CACHE_ROOT=os.path.join(tempfile.gettempdir(), "kimi-hotfix-vllm-cache"),
+        VLLM_LOGGING_LEVEL="ERROR",
+    )
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # let children cache -O/-OO bytecode
+    if shim:
+        env["PYTHONPATH"] = str(REPO)
+    env.update({k: str(v) for k, v in extra.items() if v is not None})
+    return env
+
+
+def run_python(args, *, python=None, flags=(), env=None, cwd=None, timeout=900, check=True):
+    """Run ``python [flags] args`` and return the CompletedProcess (text)."""
+    cmd = [python or sys.executable, *flags, *args]
+    proc = subprocess.run(cmd, env=hermetic_env() if env is None else env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, cmd))[:500]} exited {proc.returncode}\n--- stdout\n"
+            f"{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def json_lines(stdout: str) -> list:
+    """Objects printed as ``KIMI_JSON:{...}`` lines, in order."""
+    return [json.loads(line[len(JSON_MARK):]) for line in stdout.splitlines()
+            if line.startswith(JSON_MARK)]
+
+
+def summary_lines(stderr: str) -> list:
+    return [line for line in stderr.splitlines() if SUMMARY in line and " INFO " in line]
+
+
+def warning_lines(stderr: str) -> list:
+    return [line for line in stderr.splitlines() if " WARNING " in line and "kimi-hotfix[" in line]

@@ -1,0 +1,219 @@
+"""One child interpreter of a real vLLM venv computes everything the tests read.
+
+    python [-O|-OO] tests/real/child.py '{"no_source": false, "fail_mla_ctor": false}'
+
+Importing vLLM costs seconds per process, so each (release, flags, seed,
+environment) configuration runs this script once and the tests assert on its
+output: one ``KIMI_JSON:`` line on stdout holding a section per topic. Sections:
+
+  process   versions, -O, hash seed, the shim's states, who armed it
+  wrapped   what carries the shim's marker (layers, the core's records)
+  kv        the Kimi-K3 grouping probe (target + draft merge, layer sets)
+  battery   every merge classmethod, toggled on and off, plus undo/reapply
+  plans     CUDA-graph capture plans, as installed and with the patch toggled on
+  kda       KDA metadata builds, as installed and with the patch toggled on
+  check     ``check --json`` and ``check`` through the CLI (fd 1 captured)
+  failures  each patch's own code made to fail (logged once; strict raises);
+            stderr after the line ``KIMI_SECTION:failures`` belongs to it
+
+No ``assert`` here: the child may run under -O. Every fact comes from the real
+vLLM in this process; the stand-ins are never imported.
+"""
+
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.append(os.path.join(REPO, "tests", "standins"))  # mechanics (after start-up)
+SPEC = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+OUT = {"sections": {}, "timings": {}}
+
+import cases  # noqa: E402  (tests/real, this script's directory)
+
+if SPEC.get("no_source"):  # kda_metadata.py shipped as bytecode only
+    import inspect
+
+    _getsourcelines = inspect.getsourcelines
+
+    def _hidden(obj):
+        try:
+            filename = inspect.getfile(obj)
+        except TypeError:
+            filename = ""
+        if filename.replace(os.sep, "/").endswith("vllm/models/kimi_k3/nvidia/kda_metadata.py"):
+            raise OSError("could not get source code (hidden by the test)")
+        return _getsourcelines(obj)
+
+    inspect.getsourcelines = _hidden
+
+_ctor = {}
+if SPEC.get("fail_mla_ctor"):  # a later vLLM whose spec constructor the probe cannot call
+    import wrapt
+
+    def _break_ctor(module):
+        cls = module.MLAAttentionSpec
+        _ctor["original"] = vars(cls)["__init__"]
+
+        def __init__(self, *args, **kwargs):
+            raise TypeError("MLAAttentionSpec.__init__() missing 1 required argument: 'new_field'")
+
+        cls.__init__ = __init__
+
+    wrapt.register_post_import_hook(_break_ctor, "vllm.v1.kv_cache_interface")
+
+t0 = time.perf_counter()
+import importlib  # noqa: E402
+
+for _target in cases.TARGETS:
+    importlib.import_module(_target)
+IMPORT_SECONDS = time.perf_counter() - t0
+if _ctor:
+    sys.modules["vllm.v1.kv_cache_interface"].MLAAttentionSpec.__init__ = _ctor["original"]
+
+import vllm  # noqa: E402
+from vllm.models.kimi_k3.nvidia import kda_metadata  # noqa: E402
+from vllm.v1 import kv_cache_interface as kvi  # noqa: E402
+from vllm.v1.worker.gpu import cudagraph_utils  # noqa: E402
+
+if "kimi_hotfix" not in sys.modules:
+    sys.path.append(REPO)
+import kimi_hotfix  # noqa: E402
+import mechanics  # noqa: E402
+from kimi_hotfix import core  # noqa: E402
+
+
+def section(name):
+    def run(fn):
+        t = time.perf_counter()
+        try:
+            OUT["sections"][name] = fn()
+        except BaseException:
+            OUT["sections"][name] = {"error": traceback.format_exc()[-4000:]}
+        OUT["timings"][name] = round(time.perf_counter() - t, 3)
+        return fn
+
+    return run
+
+
+def states():
+    return {name: {"kind": s.kind, "text": str(s)} for name, s in core.states().items()}
+
+
+def build_kind():
+    obj = vars(kda_metadata.KimiK3KDAMetadataBuilder)["build"]
+    if not core.is_wrapped(obj):
+        return "vllm"
+    return "inline" if type(obj).__name__ == "function" else "wrapt"  # wrapt proxies __class__
+
+
+@section("process")
+def process():
+    sc = sys.modules.get("kimi_hotfix_sitecustomize")
+    return {
+        "vllm": vllm.__version__, "python": "%d.%d.%d" % sys.version_info[:3],
+        "optimize": sys.flags.optimize, "hashseed": os.environ.get("PYTHONHASHSEED"),
+        "armed": core.current_config() is not None, "states": states(),
+        "armed_by": core.armed_by(), "bootstrap_loaded": sc is not None,
+        "kimi_hotfix_file": kimi_hotfix.__file__, "import_seconds": round(IMPORT_SECONDS, 2),
+        "mla_ctor_broken_at_import": bool(_ctor),
+    }
+
+
+@section("wrapped")
+def wrapped():
+    layers = {}
+    for module in (kvi, cudagraph_utils, kda_metadata):
+        layers.update(mechanics.wrapped_layers(module))
+    merges = {c.__name__: core.is_wrapped(vars(c)["merge"]) for c in vars(kvi).values()
+              if isinstance(c, type) and "merge" in vars(c) and issubclass(c, kvi.KVCacheSpec)}
+    return {"layers": layers, "recorded": mechanics.recorded(core), "merge": merges,
+            "capture": core.is_wrapped(vars(cudagraph_utils.CudaGraphManager)["_init_candidates"]),
+            "build": core.is_wrapped(vars(kda_metadata.KimiK3KDAMetadataBuilder)["build"]),
+            "build_kind": build_kind()}
+
+
+@section("kv")
+def kv():
+    from kimi_hotfix.patches.kv_spec_merge import probe
+
+    return {"merge": probe.mla_merge_target_draft(),
+            "groupings": {name: probe.grouping(name) for name in probe.LAYER_SETS},
+            "probe": probe.run().as_dict()}
+
+
+def _plans():
+    from kimi_hotfix.patches.capture_workspace import probe
+
+    return {cases.key(s): probe.capture_plan(**s) for s in cases.PLANS + cases.PLANS_OFF}
+
+
+def _kdas():
+    from kimi_hotfix.patches.kda_overlong_rows import probe
+
+    return {cases.key(s): probe.kda_build(**s) for s in cases.KDA_OVERLONG + cases.KDA_WITHIN}
+
+
+@section("plans")
+def plans():
+    installed = _plans()
+    with core.toggled("capture_workspace", True) as state:
+        forced = _plans()
+    return {"installed": installed, "forced": forced, "forced_state": str(state)}
+
+
+@section("kda")
+def kda():
+    installed = _kdas()
+    with core.toggled("kda_overlong_rows", True) as state:
+        forced = _kdas()
+    return {"installed": installed, "forced": forced, "forced_state": str(state)}
+
+
+@section("battery")
+def battery():
+    import child_battery
+
+    return child_battery.run(core, kvi)
+
+
+def _capture(args):
+    """``cli.main(args)`` with fd 1 captured: what a shell would see on stdout."""
+    from kimi_hotfix import cli
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 1)
+        try:
+            rc = cli.main(args)
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        return rc, tmp.read().decode()
+
+
+@section("check")
+def check():
+    before = {name: str(s) for name, s in core.states().items()}
+    rc, text = _capture(["check", "--json"])
+    rc_text, human = _capture(["check"])
+    after = {name: str(s) for name, s in core.states().items()}
+    return {"rc": rc, "stdout": text, "rc_text": rc_text, "text": human,
+            "states_before": before, "states_after": after}
+
+
+@section("failures")
+def failures():
+    import child_failures
+
+    print("KIMI_SECTION:failures", file=sys.stderr, flush=True)
+    return child_failures.run(core)
+
+print("KIMI_JSON:" + json.dumps(OUT, default=repr), flush=True)

@@ -1,0 +1,93 @@
+"""Each patch's own code made to fail, on the real vLLM (child side).
+
+With each patch toggled on, the helper its wrapper calls is replaced by one
+that raises; the calls then show what vLLM ran instead (and, in strict mode,
+KimiHotfixError). The log lines are on stderr after ``KIMI_SECTION:failures``.
+Runs inside child.py; no ``assert`` (the child may run under -O)."""
+
+import traceback
+
+SEED = {"max_num_seqs": 48, "num_spec": 8}
+
+
+def broken(*args, **kwargs):
+    raise RuntimeError("injected failure in the patch code")
+
+
+def _outcome(call):
+    try:
+        return ["ok", call()]
+    except Exception as exc:
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        return [type(exc).__name__, str(exc)[:300], last.filename, last.line]
+
+
+def _swapped(module, attr, fn):
+    """Run ``fn`` with ``module.attr`` replaced by ``broken``."""
+    saved = getattr(module, attr)
+    setattr(module, attr, broken)
+    try:
+        return fn()
+    finally:
+        setattr(module, attr, saved)
+
+
+def kda(core):
+    from kimi_hotfix.patches import kda_overlong_rows as patch
+    from kimi_hotfix.patches.kda_overlong_rows import probe
+
+    def calls():
+        builder = probe.make_builder(**SEED)
+        batches = [([9] * 4, None, [8] * 4, [50] * 4), ([10] * 4,)] * 3  # within, over-long
+        return [_outcome(lambda b=b: probe.serialize_metadata(builder.build(*probe.build_args(*b))))
+                for b in batches]
+
+    with core.toggled(patch.PATCH.name, True):
+        result = _swapped(patch, "route_overlong_rows", calls)
+    return [c[:2] if c[0] == "ok" else c for c in result]
+
+
+def kv(core):
+    import torch
+    from vllm.v1 import kv_cache_interface as kvi
+
+    from kimi_hotfix.patches import kv_spec_merge as patch
+
+    cls = kvi.MLAAttentionSpec
+    shape = dict(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    target, draft = cls(**shape), cls(**shape, non_causal_multi_token_decode=True)
+
+    def calls():
+        own = vars(cls)["merge"]
+        while core.is_wrapped(own):
+            own = own.__wrapped__
+        own = own.__get__(None, cls)  # vLLM's own merge, as this interpreter compiled it
+        out = []
+        for i in range(10):
+            specs = [target, target] if i % 2 else [target, draft]
+            out.append({"patched": _outcome(lambda s=specs: repr(cls.merge(s)))[:2],
+                        "vllm_own": _outcome(lambda s=specs: repr(own(s)))[:2]})
+        return out
+
+    with core.toggled(patch.PATCH.name, True):
+        return _swapped(patch, "_with_group_capability", calls)
+
+
+def capture(core):
+    from kimi_hotfix.patches import capture_workspace as patch
+    from kimi_hotfix.patches.capture_workspace import probe
+
+    def plan():
+        result = probe.capture_plan(**SEED)
+        return {k: result[k] for k in ("largest_mixed", "capture_descs", "candidates")}
+
+    with core.toggled(patch.PATCH.name, False):
+        own = plan()
+    with core.toggled(patch.PATCH.name, True):
+        failing = _outcome(lambda: _swapped(patch, "clamped_view", plan))
+    return {"vllm_own": own, "failing": failing}
+
+
+def run(core):
+    return {"kda_overlong_rows": kda(core), "kv_spec_merge": kv(core),
+            "capture_workspace": capture(core)}

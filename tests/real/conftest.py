@@ -1,0 +1,61 @@
+"""Hooks of the real-vLLM tier; the machinery is in harness.py (see there)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness, cases, child
+
+from harness import DEFAULT_RELEASES, PLAN, POOL, RELEASES, parse_key  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption("--release", action="append", default=[], choices=RELEASES,
+                     help="run the real-vLLM tests of these releases only (repeatable)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "releases(*names): the vLLM releases a test is for")
+
+
+def selected(config) -> tuple:
+    return tuple(config.getoption("--release") or
+                 [r for r in os.environ.get("KIMI_HOTFIX_RELEASES", "").split(",") if r]
+                 or RELEASES)
+
+
+def pytest_generate_tests(metafunc):
+    if "release" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("releases")
+        releases = marker.args if marker else DEFAULT_RELEASES
+        metafunc.parametrize("release", releases, ids=[r.replace(".", "") for r in releases])
+
+
+def pytest_collection_modifyitems(config, items):
+    chosen = selected(config)
+    keep, drop = [], []
+    for item in items:
+        release = getattr(item, "callspec", None) and item.callspec.params.get("release")
+        (drop if release and release not in chosen else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+    used = {item.callspec.params["release"] for item in items
+            if getattr(item, "callspec", None) and "release" in item.callspec.params}
+    if used and os.environ.get("KIMI_HOTFIX_PREFETCH", "1") != "0":
+        references = [parse_key("0.33.0", "off"), parse_key("0.30.0", "off")]
+        POOL.prefetch(references + [parse_key(r, *c.split(":")) for r in RELEASES if r in used
+                                    for c in PLAN[r]])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    POOL.shutdown()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    done = [f.result() for f in POOL.futures.values() if f.done() and not f.exception()]
+    if reporter and done:
+        total = sum(r.seconds for r in done)
+        reporter.write_line(f"vLLM children: {len(done)}, {total:.0f} s of child time")
+
+

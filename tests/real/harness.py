@@ -1,0 +1,198 @@
+"""The real-vLLM tier: one pytest session drives children in every vLLM venv.
+
+Releases (``release`` parameter; ``--release R`` picks, default all):
+  0.28.0, 0.29.0, 0.30.0, 0.33.0   Python 3.11 venvs
+  0.29.0-py3.12                    vLLM 0.29.0 on Python 3.12 (vLLM's own image)
+
+A test says which releases it is for with ``@pytest.mark.releases(...)``; it is
+parametrized over those and the others are deselected (never skipped). The
+venvs come from ``KIMI_HOTFIX_VENVS`` (JSON release -> python, set by
+scripts/test) or are built here with scripts/build-venv.
+
+Importing vLLM costs seconds, so a configuration (release, scenario, -O level,
+hash seed) runs ``child.py`` once and every test reads its sections
+(``child(release, "on", "O", 0)``). ``PLAN`` lists the configurations the tests
+read; the session starts them all at once, for the releases it runs, in a
+pool of worker threads (one child each), while the tests run. Results are also
+kept as JSON under ``KIMI_HOTFIX_TEST_CACHE`` when set, for one session only.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import OPT_FLAGS, REPO, hermetic_env, json_lines  # noqa: E402
+
+RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.33.0", "0.29.0-py3.12")
+DEFAULT_RELEASES = ("0.29.0", "0.30.0", "0.33.0")
+CHILD = Path(__file__).resolve().parent / "child.py"
+# what the tests read, per release: "scenario:opt:seed"
+SHIM_RUNS = ("on:plain:0", "on:O:0", "pyoptimize:plain:1", "on:O:2", "on:OO:3")
+UNPATCHED = ("off:plain:0", "off:O:0", "off:O:1")
+PLAN = {
+    "0.28.0": ("on:plain:0", "on:O:0"),
+    "0.29.0": SHIM_RUNS + UNPATCHED + ("strict:O:0", "no_source:plain:0", "no_source:O:0"),
+    "0.30.0": SHIM_RUNS + UNPATCHED + ("no_source:plain:0", "no_source:O:0"),
+    "0.33.0": SHIM_RUNS + UNPATCHED + ("ctor:plain:0", "ctor:O:0", "ctor_strict:plain:0"),
+    "0.29.0-py3.12": ("on:plain:0", "on:O:0"),
+}
+# scenario name -> (environment on top of hermetic_env(), child spec)
+SCENARIOS = {
+    "on": ({}, {}),
+    "off": ({"KIMI_HOTFIX": "0"}, {}),
+    "strict": ({"KIMI_HOTFIX_STRICT": "1"}, {}),
+    "pyoptimize": ({"PYTHONOPTIMIZE": "1"}, {}),  # -O through the environment
+    "no_source": ({}, {"no_source": True}),
+    "ctor": ({}, {"fail_mla_ctor": True}),
+    "ctor_strict": ({"KIMI_HOTFIX_STRICT": "1"}, {"fail_mla_ctor": True}),
+}
+
+
+def parse_key(release, name="on", opt="plain", seed=0):
+    if release not in RELEASES or name not in SCENARIOS or opt not in OPT_FLAGS:
+        raise ValueError(f"unknown configuration {(release, name, opt, seed)}")
+    return (release, name, opt, int(seed))
+
+
+# -- venvs ---------------------------------------------------------------------
+
+_venv_lock = threading.Lock()
+_venvs: dict = {}
+
+
+def venv_python(release: str) -> str:
+    """The python of the venv holding ``release`` (built if needed)."""
+    with _venv_lock:
+        if release not in _venvs:
+            known = json.loads(os.environ.get("KIMI_HOTFIX_VENVS") or "{}")
+            if release in known:
+                _venvs[release] = known[release]
+            else:
+                version, _, py = release.partition("-py")
+                args = [str(REPO / "scripts" / "build-venv"), version]
+                if py:
+                    args += ["--python", py]
+                proc = subprocess.run(args, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    pytest.fail(f"could not build the venv for {release}:\n{proc.stderr[-4000:]}")
+                _venvs[release] = str(Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "python")
+        return _venvs[release]
+
+
+# -- children ------------------------------------------------------------------
+
+
+class Run:
+    """One child's output: ``sections`` by name, ``stderr`` split at the failures
+    section (``stderr`` is what came before it), the return code."""
+
+    def __init__(self, key, proc, seconds):
+        self.key, self.rc, self.seconds = key, proc.returncode, seconds
+        self.stderr, _, self.failures_stderr = proc.stderr.partition("KIMI_SECTION:failures")
+        found = json_lines(proc.stdout)
+        self.out = found[-1] if found else {}
+        self.sections = self.out.get("sections", {})
+
+    def __getitem__(self, name):
+        if self.rc != 0 or name not in self.sections:
+            raise AssertionError(f"child {self.key} exited {self.rc}, no section {name!r}:\n"
+                                 f"{self.stderr[-6000:]}")
+        value = self.sections[name]
+        if isinstance(value, dict) and set(value) == {"error"}:
+            raise AssertionError(f"child {self.key}: section {name} failed:\n{value['error']}")
+        return value
+
+    @property
+    def states(self):
+        return {name: s["text"] for name, s in self["process"]["states"].items()}
+
+    @property
+    def kinds(self):
+        return {name: s["kind"] for name, s in self["process"]["states"].items()}
+
+
+def _compute(key) -> Run:
+    release, name, opt, seed = key
+    extra, spec = SCENARIOS[name]
+    env = hermetic_env(PYTHONHASHSEED=seed, **extra)
+    cache = os.environ.get("KIMI_HOTFIX_TEST_CACHE")
+    path = None
+    if cache:
+        digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+        path = Path(cache) / f"child-{digest}.json"
+    cmd = [venv_python(release), *OPT_FLAGS[opt], str(CHILD), json.dumps(spec)]
+    lock = open(f"{path}.lock", "w") if path else None
+    try:
+        if lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if path and path.exists():
+            saved = json.loads(path.read_text())
+            proc = subprocess.CompletedProcess(cmd, saved["rc"], saved["stdout"], saved["stderr"])
+            return Run(key, proc, saved["seconds"])
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, env=env, cwd=str(REPO), capture_output=True, text=True,
+                              timeout=900)
+        seconds = time.monotonic() - t0
+        if path:
+            path.write_text(json.dumps({"rc": proc.returncode, "stdout": proc.stdout,
+                                        "stderr": proc.stderr, "seconds": seconds}))
+        return Run(key, proc, seconds)
+    finally:
+        if lock:
+            lock.close()
+
+
+class _Pool:
+    def __init__(self):
+        self.futures: dict = {}
+        self.lock = threading.Lock()
+        self.executor = None
+
+    def _submit(self, key):
+        with self.lock:
+            if key not in self.futures:
+                if self.executor is None:
+                    workers = max(1, min(4, os.cpu_count() or 1))
+                    self.executor = concurrent.futures.ThreadPoolExecutor(workers)
+                self.futures[key] = self.executor.submit(_compute, key)
+            return self.futures[key]
+
+    def prefetch(self, keys):
+        for key in dict.fromkeys(keys):
+            self._submit(key)
+
+    def get(self, key) -> Run:
+        return self._submit(key).result()
+
+    def shutdown(self):
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+POOL = _Pool()
+
+
+def child(release, name="on", opt="plain", seed=0) -> Run:
+    """The output of child.py for one configuration (computed once per session)."""
+    return POOL.get(parse_key(release, name, opt, seed))
+
+
+def reference() -> Run:
+    """vLLM 0.33.0 as released, plain Python, the shim off: the grouping and KDA reference."""
+    return child("0.33.0", "off")
+
+
+def plan_reference() -> Run:
+    """vLLM 0.30.0 as released, plain Python, the shim off: the capture-plan reference."""
+    return child("0.30.0", "off")

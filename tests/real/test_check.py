@@ -1,0 +1,190 @@
+"""``check`` (the preflight) and ``status`` on the real vLLM releases.
+
+- ``needed`` equals the probes' result on vLLM as released, taken from a child
+  with KIMI_HOTFIX=0 (the bugs, reproduced in this run); every needed patch
+  fixes its probe; the shim's own decision agrees; exit 0;
+- with KIMI_HOTFIX=0 check finds the same needs, says disabled, exits 1;
+- the decisions per release (issue 8): 0.28.0 plain needs nothing (removable;
+  RecoverSSM "not affected"), 0.28.0 -O only kv_spec_merge, 0.29.0 -O all
+  three, 0.30.0 plain only kda_overlong_rows, 0.33.0 plain none;
+- without -O it names what -O alone would need, and the -O run agrees;
+- ``status``'s version-based expectation matches what check finds;
+- ``--json`` is exactly one object on stdout; check leaves the states as found;
+- a check that raises is never "not needed": on 0.33.0 with a spec constructor
+  that fails in the probe, -O still hardens the merges (the source check
+  decides), plain applies to be safe and warns, strict raises;
+- scripts/demo shows the probes side by side on 0.29.0 under -O.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from harness import child, reference, venv_python
+
+from helpers import REPO, hermetic_env, run_python, summary_lines, warning_lines
+
+PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
+CHECKED = ("0.28.0", "0.29.0", "0.30.0", "0.33.0", "0.29.0-py3.12")
+# the brief's version table, release by release: what check must find
+NEEDED = {
+    ("0.28.0", "plain"): [],
+    ("0.28.0", "O"): ["kv_spec_merge"],
+    ("0.29.0", "plain"): list(PATCHES),
+    ("0.29.0", "O"): list(PATCHES),
+    ("0.30.0", "plain"): ["kda_overlong_rows"],
+    ("0.30.0", "O"): ["kv_spec_merge", "kda_overlong_rows"],
+    ("0.33.0", "plain"): [],
+    ("0.33.0", "O"): ["kv_spec_merge"],
+}
+
+
+def check_report(run):
+    section = run["check"]
+    return json.loads(section["stdout"]), section  # one JSON object, or this raises
+
+
+@pytest.mark.releases(*CHECKED)
+@pytest.mark.parametrize("mode", ["plain", "O"])
+def test_check_finds_what_the_brief_says(release, mode):
+    report, section = check_report(child(release, "on", mode))
+    expected = NEEDED[(release.split("-")[0], mode)]
+    assert report["needed"] == expected, report["verdict"]
+    assert [p["name"] for p in report["patches"]] == list(PATCHES)
+    assert all(isinstance(p["needed"], bool) and p["kind"] for p in report["patches"])
+    assert report["removable"] is (not expected)
+    assert section["rc"] == report["exit_status"] == 0, report["verdict"]
+    for entry in report["patches"]:
+        assert entry["problems"] == [], entry
+        assert entry["fixes"] is True, entry
+        assert entry["kind"] == ("applied" if entry["needed"] else entry["kind"])
+        assert entry["kind"] != "applied" or entry["needed"], entry
+    if release.startswith("0.28"):  # RecoverSSM does not exist there: not affected
+        kinds = {p["name"]: p["kind"] for p in report["patches"]}
+        assert kinds["capture_workspace"] == kinds["kda_overlong_rows"] == "not_affected"
+        assert kinds["kv_spec_merge"] == ("applied" if mode == "O" else "not_needed")
+        for entry in report["patches"][1:]:
+            assert entry["affected"] is False and "no RecoverSSM" in entry["without"]["detail"]
+
+
+@pytest.mark.parametrize("mode", ["plain", "O"])
+def test_needed_is_what_the_unpatched_probes_show(release, mode):
+    on, _ = check_report(child(release, "on", mode))
+    off, off_section = check_report(child(release, "off", mode))
+    for mine, ref in zip(on["patches"], off["patches"]):
+        unpatched = ref["without"]  # vLLM as released, the shim off
+        assert isinstance(unpatched["ok"], bool) and not unpatched["error"], unpatched
+        assert mine["needed"] is (not unpatched["ok"]), (mine, unpatched)
+        assert mine["state"].startswith("applied" if mine["needed"] else "not needed")
+    # KIMI_HOTFIX=0: the same needs, nothing applied, so this setup is exposed
+    assert off["needed"] == on["needed"]
+    assert all(p["kind"] == "disabled" for p in off["patches"])
+    assert all(p["fixes"] for p in off["patches"])
+    assert off_section["rc"] == (1 if on["needed"] else 0)
+    if on["needed"]:
+        assert off["verdict"].startswith("kimi-hotfix check FAILED") and not off["removable"]
+        for entry in off["patches"]:
+            assert not entry["needed"] or any("disabled" in p for p in entry["problems"])
+
+
+def test_plain_check_names_what_O_alone_needs(release):
+    plain, _ = check_report(child(release, "on", "plain"))
+    optimized, _ = check_report(child(release, "on", "O"))
+    announced = [u["name"] for u in plain["needed_under_O"]]
+    assert announced == [n for n in optimized["needed"] if n not in plain["needed"]]
+    assert optimized["needed_under_O"] == []
+    if announced:
+        assert "python -O" in plain["verdict"] and all(n in plain["verdict"] for n in announced)
+    if not plain["needed"]:
+        assert plain["verdict"].startswith("nothing here needs kimi-hotfix")
+
+
+@pytest.mark.releases(*CHECKED)
+@pytest.mark.parametrize("mode", ["plain", "O"])
+def test_status_expectation_agrees_with_check(release, mode):
+    flags = ["-O"] if mode == "O" else []
+    proc = run_python(["-m", "kimi_hotfix", "status", "--json"], python=venv_python(release),
+                      flags=flags, cwd=REPO)
+    status = json.loads(proc.stdout)
+    report, _ = check_report(child(release, "on", mode))
+    assert status["vllm"]["version"] == report["vllm"] == release.split("-")[0]
+    expected = {p["name"]: p["expected_needed"] for p in status["patches"]}
+    assert expected == {p["name"]: p["needed"] for p in report["patches"]}
+    assert {p["kind"] for p in status["patches"]} == {"pending"}
+
+
+@pytest.mark.releases(*CHECKED)
+def test_check_leaves_the_shim_as_it_found_it(release):
+    section = child(release, "on")["check"]
+    assert section["states_after"] == section["states_before"]
+    assert section["rc_text"] == section["rc"]
+    text = section["text"]
+    assert text.count("without the patch") == len(PATCHES)
+    verdict = [line for line in text.splitlines() if line.startswith("verdict: ")]
+    assert verdict == [f"verdict: {json.loads(section['stdout'])['verdict']}"]
+
+
+# -- a check that raises is never "not needed" (issue 8) -------------------------------
+
+
+@pytest.mark.releases("0.33.0")
+def test_O_hardens_the_merges_even_when_the_probe_raises(release):
+    """0.33.0 -O, MLAAttentionSpec's constructor failing while the shim decides:
+    the source check alone says needed; the grouping is the reference's."""
+    run = child(release, "ctor", "O")
+    assert run["process"]["mla_ctor_broken_at_import"] is True
+    assert run.states["kv_spec_merge"] == "applied"
+    assert run["wrapped"]["merge"]["MLAAttentionSpec"] is True
+    assert warning_lines(run.stderr) == []
+    assert run["kv"]["groupings"] == reference()["kv"]["groupings"]
+    assert run["kv"]["probe"]["ok"] is True
+    # the same constructor failure without the shim would have hidden nothing: -O
+    # without the patch groups wrongly (the reproduction, same release)
+    assert child(release, "off", "O")["kv"]["probe"]["ok"] is False
+
+
+@pytest.mark.releases("0.33.0")
+def test_plain_probe_that_raises_applies_and_warns(release):
+    run = child(release, "ctor", "plain")
+    state = run.states["kv_spec_merge"]
+    assert state == ("applied (cannot tell: its check raised TypeError: MLAAttentionSpec."
+                     "__init__() missing 1 required argument: 'new_field'; applied to be safe)")
+    warnings = warning_lines(run.stderr)
+    assert len(warnings) == 1 and "cannot tell whether kv_spec_merge is needed" in warnings[0]
+    assert f"kv_spec_merge: {state}" in summary_lines(run.stderr)[0]
+    assert run["kv"]["groupings"] == reference()["kv"]["groupings"]  # harmless where fixed
+
+
+@pytest.mark.releases("0.33.0")
+def test_strict_mode_raises_when_a_check_cannot_tell(release):
+    run = child(release, "ctor_strict", "plain")
+    assert run.rc == 1 and run.sections == {}
+    assert ("kimi_hotfix.base.KimiHotfixError: kv_spec_merge: cannot tell whether it is "
+            "needed: its check raised TypeError") in run.stderr
+
+
+# -- the main job ------------------------------------------------------------------------
+
+
+@pytest.mark.releases("0.29.0")
+def test_demo_shows_the_probes_side_by_side(release):
+    proc = subprocess.run([str(REPO / "scripts" / "demo"), "0.29.0"], env=hermetic_env(shim=False),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "python -O -m kimi_hotfix check" in out
+    assert out.count("without the patch") == len(PATCHES)
+    assert out.count("-> NEEDED, fixed by the patch") == len(PATCHES)
+    for name in PATCHES:
+        assert f"  {name}: " in out
+    assert "mla_target_draft" in out and "AttributeError" in out
+    assert "largest mixed graph" in out and "ValueError: KDA RecoverSSM" in out
+    verdict = [line for line in out.splitlines() if line.startswith("verdict: ")]
+    report, _ = check_report(child(release, "on", "O"))
+    assert verdict == [f"verdict: {report['verdict']}"]
+    assert "shim log: " in out and "kv_spec_merge: applied" in out
+    proc = subprocess.run([str(REPO / "scripts" / "demo"), "x", "y"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "usage" in proc.stderr

@@ -1,0 +1,166 @@
+"""kv_spec_merge against the real vLLM 0.29.0, 0.30.0, 0.33.0 (and 0.29.0 on 3.12).
+
+With the shim, under plain, -O (flag and PYTHONOPTIMIZE) and -OO and several
+hash seeds, vLLM's own planner groups the Kimi-K3 layer sets exactly as vLLM
+0.33.0 does as released without -O (the reference, computed in this run); with
+KIMI_HOTFIX=0 the -O bug reproduces. The battery runs every merge classmethod
+on about 900 spec combinations with the patch toggled on and off: the hardened
+merge equals vLLM's own plain-Python merge (the capability aside, which merges
+with any()), under -O too. Nothing about vLLM's grouping is hard-coded here.
+"""
+
+from __future__ import annotations
+
+import pytest
+from harness import SHIM_RUNS, child, reference
+
+from helpers import summary_lines
+
+ALL = ("0.29.0", "0.30.0", "0.33.0", "0.29.0-py3.12")
+CAPABILITY = "non_causal_multi_token_decode"
+LEVEL = {"plain": 0, "O": 1, "OO": 2}
+
+
+def runs_for(release):
+    return SHIM_RUNS if not release.endswith("py3.12") else ("on:plain:0", "on:O:0")
+
+
+def kv_results(run):
+    kv = run["kv"]
+    return {"merge": kv["merge"], **kv["groupings"]}
+
+
+def differing(run, ref):
+    mine, theirs = kv_results(run), kv_results(ref)
+    return {k: (mine.get(k), theirs[k]) for k in theirs if mine.get(k) != theirs[k]}
+
+
+def test_reference_is_unpatched_plain_033():
+    ref = reference()
+    process = ref["process"]
+    assert process["vllm"] == "0.33.0" and process["optimize"] == 0
+    assert set(ref.kinds.values()) == {"disabled"}  # KIMI_HOTFIX=0: nothing installed
+    assert ref["wrapped"]["layers"] == {} and ref["wrapped"]["recorded"] == {}
+    assert ref["kv"]["probe"]["ok"], ref["kv"]["probe"]  # plannable, and right
+
+
+@pytest.mark.releases(*ALL)
+@pytest.mark.parametrize("config", SHIM_RUNS)
+def test_shim_groups_like_the_reference(release, config):
+    if config not in runs_for(release):
+        config = "on:plain:0" if "plain" in config else "on:O:0"  # 3.12: two configurations
+    name, opt, seed = config.split(":")
+    run = child(release, name, opt, int(seed))
+    process = run["process"]
+    assert process["vllm"] == release.split("-")[0]
+    assert process["optimize"] == (1 if name == "pyoptimize" else LEVEL[opt])
+    assert process["hashseed"] == seed
+    assert differing(run, reference()) == {}
+    assert run["kv"]["merge"][CAPABILITY] is True
+    assert run["kv"]["probe"]["ok"], run["kv"]["probe"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_without_the_shim_O_reproduces_the_bug(release, seed):
+    run = child(release, "off", "O", seed)
+    assert run["process"]["optimize"] == 1
+    assert run.kinds["kv_spec_merge"] == "disabled"
+    assert not any(run["wrapped"]["merge"].values())
+    assert differing(run, reference()), "-O without the shim grouped like the reference"
+    assert not run["kv"]["probe"]["ok"]
+    if release == "0.29.0":  # issue #54649: the draft loses its capability
+        assert run["kv"]["merge"].get(CAPABILITY) is not True, run["kv"]["merge"]
+
+
+@pytest.mark.releases(*ALL)
+@pytest.mark.parametrize("opt", ["plain", "O"])
+def test_patch_state_and_the_summary_line(release, opt):
+    run = child(release, "on", opt)
+    state, kind = run.states["kv_spec_merge"], run.kinds["kv_spec_merge"]
+    lines = summary_lines(run.stderr)
+    assert len(lines) == 1, run.stderr[-3000:]
+    assert f"kv_spec_merge: {state} |" in lines[0]
+    merges = run["wrapped"]["merge"]
+    if opt == "O" or release.startswith("0.29.0"):
+        assert (kind, state) == ("applied", "applied")
+        assert merges["MLAAttentionSpec"] and merges["FullAttentionSpec"]
+    else:  # 0.30.0 and later without -O: the capability semantics are vLLM's own
+        assert kind == "not_needed" and state.startswith("not needed: upstream fixed ("), state
+        assert not any(merges.values()), merges
+    # the shim's decision without -O is what vLLM's own merge does (measured here)
+    if opt == "plain":
+        own = run["battery"]["original_capability_merge"]
+        assert (kind == "applied") is (own is not True), own
+
+
+# -- the battery: every merge classmethod, hardened vs vLLM's own -----------------
+
+
+@pytest.mark.releases(*ALL)
+def test_battery_covers_every_merge_classmethod(release):
+    battery = child(release)["battery"]
+    assert set(battery["merge_owners"]) <= set(battery["classes"])
+    for owner in battery["merge_owners"]:
+        assert sum(1 for k in battery["hardened"] if k.startswith(owner + ".merge[")) > 10
+    varied = {k.split("[b,", 1)[1].rstrip("]") for k in battery["hardened"] if "[b," in k}
+    assert {"block_size", "head_size", "dtype", "sliding_window", "cache_dtype_str",
+            "model_version", "rswa_window", CAPABILITY} <= varied
+
+
+@pytest.mark.releases(*ALL)
+def test_hardened_merge_equals_vllm_plain(release):
+    """Same result or same exception as vLLM's own merge, except the documented
+    capability: MLA specs that disagree only in non_causal_multi_token_decode
+    merge to what vLLM's own merge returns for the specs given the group's any()."""
+    battery = child(release)["battery"]
+    hardened, original = battery["hardened"], battery["original"]
+    capability = battery["original_group_capability"]
+    assert set(hardened) == set(original)
+    unexplained = {k: (hardened[k], original[k]) for k in hardened
+                   if hardened[k] != original[k]
+                   and not (k in capability and hardened[k] == capability[k])}
+    assert unexplained == {}
+    assert any(v.startswith("raise AssertionError") for v in original.values())
+    assert any(v.startswith("ok ") for v in original.values())
+    for key, result in capability.items():
+        assert hardened[key] == result, key
+    if battery["original_capability_merge"] is not True:  # pre-0.30: the fix shows
+        assert any(hardened[k] != original[k] for k in capability)
+
+
+@pytest.mark.releases(*ALL)
+@pytest.mark.parametrize("opt", ["O", "OO"])
+def test_hardened_merge_under_O_raises_where_plain_vllm_does(release, opt):
+    if release.endswith("py3.12") and opt == "OO":
+        opt = "O"
+    plain = child(release)["battery"]
+    optimized = child(release, "on", opt, 0 if opt == "O" else 3)["battery"]
+    assert optimized["optimize"] == LEVEL[opt]
+    assert optimized["hardened"] == plain["hardened"]
+    capability = plain["original_group_capability"]
+    raises_o = {k for k, v in optimized["hardened"].items() if v.startswith("raise AssertionError")}
+    raises_plain = {k for k, v in plain["original"].items()
+                    if v.startswith("raise AssertionError") and k not in capability}
+    assert raises_o - set(capability) == raises_plain
+    # ...and the battery has teeth: vLLM's own merge under -O is different
+    assert optimized["original"] != plain["original"], "-O changed nothing?"
+
+
+@pytest.mark.releases(*ALL)
+@pytest.mark.parametrize("opt", ["plain", "O"])
+def test_toggles_and_undo_put_vllm_back(release, opt):
+    battery = child(release, "on", opt)["battery"]
+    assert battery["state_on"].startswith("applied")
+    assert all(battery["wrapped_on"][c] for c in ("MLAAttentionSpec", "FullAttentionSpec"))
+    assert battery["state_off"] in ("disabled (toggled off)", "not needed: upstream fixed "
+                                    "(MLAAttentionSpec.merge keeps the draft capability; "
+                                    "asserts are live without -O)")
+    assert battery["restored"] and all(battery["restored"].values()), battery["restored"]
+    assert battery["toggles_left_no_trace"] is True
+    if "undo_state" in battery:  # where the shim applied it: the public rollback API
+        assert battery["undo_state"] == "disabled (undone)"
+        assert battery["undo_restored"] is True
+        assert battery["reapply_state"] == "applied"
+        assert battery["reapply_same_originals"] is True
+        assert battery["reapply_equal_hardened"] is True
+    assert ("undo_state" in battery) is (opt == "O" or release.startswith("0.29.0"))

@@ -1,0 +1,229 @@
+"""The fault matrix on the real vLLM: every kind of process vLLM runs in.
+
+- -O, -OO and PYTHONOPTIMIZE=1: patched, one marked layer per target, one
+  summary line that names the level, no warning;
+- multiprocessing spawn, fork and forkserver children import vLLM themselves
+  and are patched (under -O: the child's merge keeps the DSpark capability
+  while vLLM's own merge, called in the same child, drops it);
+- three threads importing the three target modules at once: one wrap each;
+- wrapt missing (a venv that hides it): one warning, the shim inactive, vLLM
+  works; strict mode fails the import;
+- KIMI_HOTFIX_DISABLE=*: nothing wrapped, the -O bug is back;
+- garbage in every variable at once: one warning per variable, defaults kept;
+- an exception inside kv_spec_merge's own code: logged once, saying what runs.
+Cases without vLLM (stand-ins: missing targets, the chained sitecustomize,
+garbage per variable) are in tests/unit.
+"""
+
+from __future__ import annotations
+
+import pytest
+from harness import child, venv_python
+
+from helpers import (REPO, STANDINS, TOGGLES, hermetic_env, json_lines, run_python,
+                     summary_lines, warning_lines)
+from standins.venvs import layered_venv, site_dirs
+
+PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
+PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
+KV_REPORT = (
+    "import vllm.v1.kv_cache_interface as kv\n"
+    + PRELUDE
+    + "mechanics.emit(mechanics.report(capability=mechanics.mla_capability(kv),\n"
+    "    vllm_own_merge_capability=mechanics.mla_capability(kv, original=True)))\n"
+)
+
+
+def one_layer_each(wrapped, recorded):
+    return bool(wrapped) and all(v["layers"] == 1 for v in wrapped.values()) and {
+        k: v["patch"] for k, v in wrapped.items()} == recorded
+
+
+@pytest.mark.releases("0.29.0")
+@pytest.mark.parametrize("config, level", [("on:O:0", 1), ("on:OO:3", 2),
+                                           ("pyoptimize:plain:1", 1)],
+                         ids=["-O", "-OO", "PYTHONOPTIMIZE=1"])
+def test_optimized_python_is_patched(release, config, level):
+    name, opt, seed = config.split(":")
+    run = child(release, name, opt, int(seed))
+    assert run["process"]["optimize"] == level
+    assert run.states == {p: "applied" for p in PATCHES}
+    wrapped = run["wrapped"]
+    assert one_layer_each(wrapped["layers"], wrapped["recorded"])
+    assert run["kv"]["merge"]["non_causal_multi_token_decode"] is True
+    assert run["battery"]["original_capability_merge"] is False  # vLLM's own, same process
+    lines = summary_lines(run.stderr)
+    assert len(lines) == 1 and f"python -{'O' * level})" in lines[0], run.stderr
+    assert warning_lines(run.stderr) == []
+
+
+CHILD_SCRIPT = """
+import json, multiprocessing as mp, os, sys
+sys.path.append(%(standins)r)
+import mechanics
+
+
+def child(queue):
+    import vllm.v1.kv_cache_interface as kv
+    import vllm.v1.worker.gpu.cudagraph_utils
+    import vllm.models.kimi_k3.nvidia.kda_metadata
+    queue.put(json.dumps(mechanics.report(
+        capability=mechanics.mla_capability(kv),
+        vllm_own_merge_capability=mechanics.mla_capability(kv, original=True),
+    ), default=repr))
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    queue = ctx.SimpleQueue()
+    proc = ctx.Process(target=child, args=(queue,))
+    proc.start()
+    result = json.loads(queue.get())
+    proc.join()
+    mechanics.emit({"child": result, "parent": {
+        "pid": os.getpid(), "vllm_loaded": "vllm" in sys.modules,
+        "exitcode": proc.exitcode, "start_method": ctx.get_start_method()}})
+"""
+
+
+@pytest.mark.releases("0.29.0", "0.29.0-py3.12")
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+def test_multiprocessing_children_are_patched(tmp_path, release, method):
+    script = tmp_path / "parent.py"
+    script.write_text(CHILD_SCRIPT % {"standins": str(STANDINS)})
+    proc = run_python([str(script), method], python=venv_python(release), flags=["-O"])
+    out = json_lines(proc.stdout)[0]
+    parent, kid = out["parent"], out["child"]
+    assert parent["start_method"] == method and parent["exitcode"] == 0
+    assert parent["vllm_loaded"] is False  # the child imported vLLM itself
+    assert kid["pid"] != parent["pid"] and kid["optimize"] == 1
+    assert kid["bootstrap_loaded"] is True and kid["armed_by"] == ["sitecustomize"]
+    assert {v["patch"] for v in kid["wrapped"].values()} == set(PATCHES)
+    assert one_layer_each(kid["wrapped"], kid["recorded"])
+    assert kid["capability"] is True and kid["vllm_own_merge_capability"] is False
+    assert len(summary_lines(proc.stderr)) == 1, proc.stderr
+
+
+THREADS = (
+    "import importlib, threading, time\n"
+    "import typing, dataclasses, logging, inspect, ast, re, json\n"
+    "targets = ('vllm.v1.kv_cache_interface', 'vllm.v1.worker.gpu.cudagraph_utils',\n"
+    "           'vllm.models.kimi_k3.nvidia.kda_metadata')\n"
+    "barrier = threading.Barrier(len(targets))\n"
+    "errors = []\n"
+    "def load(name):\n"
+    "    barrier.wait()\n"
+    "    try:\n"
+    "        importlib.import_module(name)\n"
+    "    except BaseException as exc:\n"
+    "        errors.append(repr(exc))\n"
+    "threads = [threading.Thread(target=load, args=(t,)) for t in targets]\n"
+    "[t.start() for t in threads]\n"
+    "[t.join() for t in threads]\n"
+    + PRELUDE
+    + "from kimi_hotfix import core\n"
+    "deadline = time.monotonic() + 120\n"
+    "while any(s.kind == 'pending' for s in core.states().values()) and time.monotonic() < deadline:\n"
+    "    time.sleep(0.05)\n"
+    "mechanics.emit(mechanics.report(errors=errors))\n"
+)
+
+
+@pytest.mark.releases("0.29.0")
+def test_threads_importing_vllm_at_once_wrap_once(release):
+    """The stdlib modules any threaded program has loaded are imported first:
+    racing first imports of those can hand a thread a half-initialized stdlib
+    module, which is not what this case is about. The shim settles a target
+    another thread was importing once that import finishes."""
+    proc = run_python(["-c", THREADS], python=venv_python(release), flags=["-O"])
+    out = json_lines(proc.stdout)[0]
+    assert out["errors"] == []
+    assert out["armed_by"] == ["sitecustomize"]
+    assert out["states"] == {p: "applied" for p in PATCHES}
+    assert one_layer_each(out["wrapped"], out["recorded"])
+    assert len(summary_lines(proc.stderr)) == 1
+
+
+@pytest.fixture(scope="module")
+def no_wrapt_python(tmp_path_factory):
+    """A venv that sees the 0.29.0 vLLM venv's packages, except wrapt."""
+    base = venv_python("0.29.0")
+    dest = tmp_path_factory.mktemp("no-wrapt") / "venv"
+    python = layered_venv(dest, base, site_dirs(base), hide=("wrapt", "wrapt-*"))
+    probe = run_python(["-c", "import vllm, torch; import wrapt"], python=python,
+                       env=hermetic_env(shim=False), check=False)
+    assert "ModuleNotFoundError: No module named 'wrapt'" in probe.stderr, probe.stderr
+    return python
+
+
+@pytest.mark.releases("0.29.0")
+def test_wrapt_missing_one_warning_shim_inactive_vllm_works(release, no_wrapt_python):
+    code = KV_REPORT.replace("mechanics.report(", "mechanics.report(same=repr(kv.MLAAttentionSpec"
+                             ".merge([kv.MLAAttentionSpec(block_size=64, num_kv_heads=1, "
+                             "head_size=576, dtype=__import__('torch').bfloat16)] * 2)), ")
+    proc = run_python(["-c", code], python=no_wrapt_python, flags=["-O"])
+    out = json_lines(proc.stdout)[0]
+    assert out["wrapped"] == {} and out["recorded"] == {}
+    assert set(out["states"].values()) == {"failed: wrapt is not installed"}
+    assert out["same"].startswith("MLAAttentionSpec(")  # vLLM works
+    assert out["capability"] == out["vllm_own_merge_capability"] is False  # unpatched
+    warnings = warning_lines(proc.stderr)
+    assert len(warnings) == 1 and "wrapt is not installed" in warnings[0], proc.stderr
+    assert len(summary_lines(proc.stderr)) == 1
+    status = run_python(["-m", "kimi_hotfix", "status", "--json"], python=no_wrapt_python,
+                        cwd=REPO).stdout
+    assert '"active": "INACTIVE: wrapt is not installed' in status
+
+
+@pytest.mark.releases("0.29.0")
+def test_wrapt_missing_strict_raises(release, no_wrapt_python):
+    proc = run_python(["-c", "import vllm\nprint('not reached')\n"], python=no_wrapt_python,
+                      check=False, env=hermetic_env(KIMI_HOTFIX_STRICT="1"))
+    assert proc.returncode == 1 and "not reached" not in proc.stdout
+    assert "kimi_hotfix.base.KimiHotfixError: wrapt is not installed" in proc.stderr
+
+
+@pytest.mark.releases("0.29.0")
+def test_disable_star_leaves_vllm_unwrapped(release):
+    proc = run_python(["-c", KV_REPORT], python=venv_python(release), flags=["-O"],
+                      env=hermetic_env(KIMI_HOTFIX_DISABLE="*"))
+    out = json_lines(proc.stdout)[0]
+    assert out["wrapped"] == {} and out["recorded"] == {}
+    assert set(out["states"].values()) == {"disabled (KIMI_HOTFIX_DISABLE)"}
+    assert out["capability"] is False and out["vllm_own_merge_capability"] is False
+    lines = summary_lines(proc.stderr)
+    assert len(lines) == 1 and "disabled" in lines[0] and warning_lines(proc.stderr) == []
+
+
+@pytest.mark.releases("0.29.0")
+def test_garbage_everywhere_with_real_vllm(release):
+    env = hermetic_env(KIMI_HOTFIX="jä✓", KIMI_HOTFIX_DISABLE="kv_spec_mergé",
+                       KIMI_HOTFIX_FORCE="x" * 100_000, KIMI_HOTFIX_STRICT="sometimes",
+                       KIMI_HOTFIX_LOG_LEVEL="loud")
+    proc = run_python(["-c", KV_REPORT], python=venv_python(release), flags=["-O"], env=env)
+    out = json_lines(proc.stdout)[0]
+    assert out["states"]["kv_spec_merge"] == "applied"  # defaults: on, nothing disabled
+    assert out["capability"] is True and out["vllm_own_merge_capability"] is False
+    warnings = warning_lines(proc.stderr)
+    assert len(warnings) == len(TOGGLES), proc.stderr[:3000]
+    for var, warning in zip(TOGGLES, warnings):
+        assert f"{var}=" in warning or f"{var}:" in warning
+    assert len(summary_lines(proc.stderr)) == 1  # INFO level kept
+
+
+@pytest.mark.releases("0.29.0")
+@pytest.mark.parametrize("opt", ["plain", "O"])
+def test_kv_helper_failure_says_what_runs_instead(release, opt):
+    """The capability helper raises: the merge that runs is the hardened one
+    without the group capability, which is vLLM's own plain-Python merge. Under
+    -O that is NOT vLLM's own (stripped) merge, and the log says so."""
+    run, plain = child(release, "on", opt), child(release, "on", "plain")
+    calls = run["failures"]["kv_spec_merge"]
+    assert [c["patched"] for c in calls] == [c["vllm_own"] for c in plain["failures"]["kv_spec_merge"]]
+    if opt == "O":
+        assert any(c["patched"] != c["vllm_own"] for c in calls)  # -O's own merge differs
+    failures = [w for w in warning_lines(run.failures_stderr) if "kv_spec_merge wrapper" in w]
+    assert len(failures) == 1, run.failures_stderr
+    assert ("the rebuilt merge (asserts as explicit raises) runs without the group capability"
+            in failures[0])
+    assert run.failures_stderr.count("RuntimeError: injected failure in the patch code") >= 2

@@ -1,0 +1,233 @@
+"""The fault matrix, without vLLM: odd interpreters and containers, each a test.
+
+Stand-ins (tests/standins) only, for the shim's own mechanics; every case that
+depends on what vLLM does runs the real wheels in tests/real/test_processes.py.
+
+- -S, -I, -E: the shim cannot load, and status says so and why;
+- vLLM missing: the shim is a silent no-op in ordinary Python commands;
+- wrapt missing: one warning, the shim inactive, the host runs; strict raises;
+- a target symbol missing or renamed: warn, skip, the host runs; strict raises;
+- garbage in every environment variable: one warning listing the valid values,
+  the default kept, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import (REPO, STANDINS, TOGGLES, hermetic_env, json_lines, run_python,
+                     summary_lines, warning_lines)
+
+TARGETS = ("vllm.v1.kv_cache_interface", "vllm.v1.worker.gpu.cudagraph_utils",
+           "vllm.models.kimi_k3.nvidia.kda_metadata")
+PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
+
+
+NOT_LOADED = (
+    "import sys, json\n"
+    "print('KIMI_JSON:' + json.dumps({\n"
+    "  'bootstrap': 'kimi_hotfix_sitecustomize' in sys.modules,\n"
+    "  'kimi_hotfix': sorted(m for m in sys.modules if m.startswith('kimi_hotfix')),\n"
+    "  'trigger': any(type(f).__name__ == 'VllmImportTrigger' for f in sys.meta_path),\n"
+    "  'repo_on_path': %r in sys.path}))\n" % str(REPO)
+)
+STATUS_VIA_API = (
+    f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+    "from kimi_hotfix.cli import main\n"
+    "sys.exit(main(['status', '--json']))\n"
+)
+
+
+@pytest.mark.parametrize("flag", ["-S", "-I", "-E"])
+def test_shim_cannot_load_and_status_says_why(flag):
+    env = hermetic_env()  # PYTHONPATH names the shim; the flag defeats it
+    out = json_lines(run_python(["-c", NOT_LOADED], flags=[flag], env=env).stdout)[0]
+    assert out["bootstrap"] is False and out["kimi_hotfix"] == [] and out["trigger"] is False
+    assert out["repo_on_path"] is (flag == "-S")  # -S keeps PYTHONPATH, skips site
+    # status, in an interpreter started the same way
+    if flag == "-S":
+        proc = run_python(["-m", "kimi_hotfix", "status", "--json"], flags=[flag], env=env)
+    elif flag == "-E":  # -m still puts the working directory first on sys.path
+        proc = run_python(["-m", "kimi_hotfix", "status", "--json"], flags=[flag], env=env, cwd=REPO)
+    else:  # -I ignores PYTHONPATH and the working directory
+        proc = run_python(["-c", STATUS_VIA_API], flags=[flag], env=env)
+    status = json.loads(proc.stdout)
+    shim, python = status["shim"], status["python"]
+    assert shim["sitecustomize_loaded"] is False
+    if flag == "-S":
+        assert python["no_site"] is True
+        assert "-S" in shim["why"] and "no sitecustomize" in shim["why"]
+    else:
+        assert python["ignore_environment"] is True
+        assert python["isolated"] is (flag == "-I")
+        assert "PYTHONPATH is ignored" in shim["why"]
+    assert status["active"].startswith("INACTIVE"), status["active"]
+    assert any(note.startswith(flag + ":") for note in python["notes"]), python["notes"]
+    # the human-readable status says the same
+    text_args = {"-S": ["-m", "kimi_hotfix", "status"], "-E": ["-m", "kimi_hotfix", "status"],
+                 "-I": ["-c", STATUS_VIA_API.replace(", '--json'", "")]}[flag]
+    text = run_python(text_args, flags=[flag], env=env, cwd=REPO if flag == "-E" else None).stdout
+    assert shim["why"] in text
+
+
+# -- wrapt missing -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def no_wrapt_python(tmp_path_factory):
+    """A venv of this Python with nothing installed: no wrapt."""
+    venv = tmp_path_factory.mktemp("no-wrapt") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return str(venv / "bin" / "python")
+
+
+def test_wrapt_missing_one_warning_shim_inactive_host_runs(no_wrapt_python):
+    env = hermetic_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDINS / "vllm_complete")])
+    code = "".join(f"import {t}\n" for t in TARGETS) + PRELUDE + "mechanics.emit(mechanics.report())\n"
+    proc = run_python(["-c", code], python=no_wrapt_python, flags=["-O"], env=env)
+    out = json_lines(proc.stdout)[0]
+    assert out["wrapped"] == {} and out["recorded"] == {}
+    assert set(out["states"].values()) == {"failed: wrapt is not installed"}
+    warnings = warning_lines(proc.stderr)
+    assert len(warnings) == 1 and "wrapt is not installed" in warnings[0], proc.stderr
+    assert len(summary_lines(proc.stderr)) == 1
+    status = json.loads(run_python(["-m", "kimi_hotfix", "status", "--json"],
+                                   python=no_wrapt_python, env=env).stdout)
+    assert status["wrapt"]["installed"] is False
+    assert status["active"].startswith("INACTIVE: wrapt is not installed"), status["active"]
+    strict = dict(env, KIMI_HOTFIX_STRICT="1")
+    proc = run_python(["-c", "import vllm\nprint('not reached')\n"], python=no_wrapt_python,
+                      env=strict, check=False)
+    assert proc.returncode == 1 and "not reached" not in proc.stdout
+    assert "kimi_hotfix.base.KimiHotfixError: wrapt is not installed" in proc.stderr
+
+
+# -- vLLM missing ------------------------------------------------------------------
+
+ORDINARY = [
+    ["-c", "print('hello')"],
+    ["-c", "import importlib.util; print(importlib.util.find_spec('vllm'))"],
+    ["-c", "try:\n import vllm\nexcept ImportError:\n print('no vllm here')"],
+    ["-c", "import sys, json; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+           "('kimi_hotfix', 'wrapt', 'logging')))"],
+    ["-m", "json.tool", "--help"],
+]
+
+
+@pytest.mark.parametrize("interpreter", ["plain-venv", "this-python-with-wrapt"])
+def test_vllm_missing_is_a_silent_no_op(tmp_path, interpreter):
+    python = sys.executable
+    if interpreter == "plain-venv":
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
+                       check=True)
+        python = str(tmp_path / "venv" / "bin" / "python")
+    outs = []
+    for args in ORDINARY:
+        proc = run_python(args, python=python, env=hermetic_env())
+        assert proc.stderr == "", (args, proc.stderr)
+        outs.append(proc.stdout)
+    assert outs[:4] == ["hello\n", "None\n", "no vllm here\n", "[]\n"]
+    bare = run_python(ORDINARY[4], python=python, env=hermetic_env(shim=False))
+    assert outs[4] == bare.stdout
+    status = json.loads(run_python(["-m", "kimi_hotfix", "status", "--json"], python=python).stdout)
+    assert status["vllm"]["installed"] is False and status["shim"]["sitecustomize_loaded"] is True
+
+
+# -- a target symbol missing or renamed (stand-in vLLM) ------------------------------
+
+RENAMED = STANDINS / "vllm_renamed"
+
+
+def test_target_symbol_missing_warns_skips_host_runs():
+    env = hermetic_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(RENAMED)])
+    code = (
+        "import importlib\n"
+        "values = [importlib.import_module(t).HOST_VALUE for t in " + repr(TARGETS) + "]\n"
+        + PRELUDE
+        + "mechanics.emit(mechanics.report(values=values))\n"
+    )
+    proc = run_python(["-c", code], env=env)
+    out = json_lines(proc.stdout)[0]
+    assert out["values"] == ["kv_cache_interface works", "cudagraph_utils works", "kda_metadata works"]
+    assert out["wrapped"] == {}
+    assert out["states"] == {
+        "kv_spec_merge": "failed: vllm.v1.kv_cache_interface.KVCacheSpec not found",
+        "capture_workspace": "failed: CudaGraphManager._init_candidates not found",
+        "kda_overlong_rows": "failed: KimiK3KDAMetadataBuilder.build not found",
+    }
+    warnings = warning_lines(proc.stderr)
+    assert len(warnings) == 3 and all("could not apply" in w for w in warnings), proc.stderr
+    assert len(summary_lines(proc.stderr)) == 1
+
+
+def test_target_symbol_missing_strict_raises_at_import():
+    env = hermetic_env(KIMI_HOTFIX_STRICT="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(RENAMED)])
+    proc = run_python(["-c", "import vllm.v1.kv_cache_interface\nprint('not reached')"],
+                      env=env, check=False)
+    assert proc.returncode == 1 and "not reached" not in proc.stdout
+    assert ("kimi_hotfix.base.KimiHotfixError: kv_spec_merge: "
+            "vllm.v1.kv_cache_interface.KVCacheSpec not found") in proc.stderr
+
+
+# -- garbage in every environment variable ---------------------------------------------
+
+LONG = "x" * 100_000
+GARBAGE = {
+    "unicode": "jä✓ ☃",
+    "long": LONG,
+    "punctuation": ",;=*?",
+    "many-names": ",".join(f"name{i}" for i in range(1000)),
+    "invalid-utf8": b"\xff\xfe",
+}
+VALID_LISTED = {
+    "KIMI_HOTFIX": "valid values: 1/on/true/yes or 0/off/false/no",
+    "KIMI_HOTFIX_DISABLE": "valid names: kv_spec_merge, capture_workspace, kda_overlong_rows, or *",
+    "KIMI_HOTFIX_FORCE": "valid names: kv_spec_merge, capture_workspace, kda_overlong_rows, or *",
+    "KIMI_HOTFIX_STRICT": "valid values: 1/on/true/yes or 0/off/false/no",
+    "KIMI_HOTFIX_LOG_LEVEL": "valid values: DEBUG, INFO, WARNING, ERROR, CRITICAL",
+}
+ARM_ONLY = (
+    "import kimi_hotfix\n"
+    "from kimi_hotfix import core\n"
+    "kimi_hotfix.arm()\n"
+    "cfg = core.current_config()\n"
+    "import json\n"
+    "print('KIMI_JSON:' + json.dumps({'enabled': cfg.enabled, 'disabled': sorted(cfg.disabled),\n"
+    "    'forced': sorted(cfg.forced), 'strict': cfg.strict, 'log_level': cfg.log_level,\n"
+    "    'n_warnings': len(cfg.warnings), 'states': {n: str(s) for n, s in core.states().items()}}))\n"
+)
+DEFAULTS = {"enabled": True, "disabled": [], "forced": [], "strict": False, "log_level": "INFO"}
+
+
+def _env_with(var, value):
+    env = {k.encode(): v.encode() for k, v in hermetic_env().items()}
+    env[var.encode()] = value if isinstance(value, bytes) else value.encode("utf-8")
+    return env
+
+
+@pytest.mark.parametrize("kind", [*GARBAGE, "empty", "blank"])
+@pytest.mark.parametrize("var", TOGGLES)
+def test_garbage_in_each_variable(var, kind):
+    value = GARBAGE.get(kind, "" if kind == "empty" else "   ")
+    proc = run_python(["-c", ARM_ONLY], env=_env_with(var, value))
+    out = json_lines(proc.stdout)[0]
+    assert {k: out[k] for k in DEFAULTS} == DEFAULTS  # defaults kept
+    assert set(out["states"].values()) == {"pending"}  # armed, nothing disabled
+    warnings = warning_lines(proc.stderr)
+    if kind in ("empty", "blank"):  # unset in effect: no warning
+        assert warnings == [] and out["n_warnings"] == 0, proc.stderr
+    else:
+        assert len(warnings) == 1 and out["n_warnings"] == 1, proc.stderr
+        assert var in warnings[0] and VALID_LISTED[var] in warnings[0]
+        # a bad value is quoted, never echoed whole: the warning stays one short line
+        assert len(warnings[0]) < 400, warnings[0]
+        if kind == "long":
+            assert "... (100000 characters)" in warnings[0]
