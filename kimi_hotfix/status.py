@@ -270,8 +270,10 @@ def print_status(report, out=None):
     width = max(len(p["name"]) for p in report["patches"])
     pad = " " * (4 + width + 2)
     for p in report["patches"]:
-        _wrapped(w, f"    {p['name']:<{width}}  ", f"{p['summary']} [{p['kind']}]", pad)
-        _wrapped(w, f"{pad}here    ", p["decision"], pad + " " * 8)
+        _wrapped(w, f"    {p['name']:<{width}}  ", p["summary"], pad)
+        _wrapped(w, f"{pad}state   ", p["state"], pad + " " * 8)
+        if p["decision"] != p["state"]:
+            _wrapped(w, f"{pad}here    ", p["decision"], pad + " " * 8)
         _wrapped(w, f"{pad}expect  ", p["expectation"], pad + " " * 8)
 
 
