@@ -121,6 +121,10 @@ class Patch:
     decides = ""  # how it decides it is needed, one line
     probe_title = ""  # what the preflight probe does, one line
 
+    @property
+    def fixed_in_text(self) -> str:
+        return self.fixed_in or "not yet"
+
     def check(self, module, optimize: int) -> Decision:
         """Decide from the loaded ``module`` (behaviour or source, not the
         version string) whether a process running at ``optimize`` needs it."""

@@ -282,3 +282,17 @@ def _wrapped(w, first, text, indent, width=110):
 
     lines = textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent)
     w("\n".join(lines or [first]) + "\n")
+
+
+def patch_table() -> str:
+    """The README's table of what the shim fixes, from the patches' own metadata."""
+    from kimi_hotfix import core
+
+    rows = ["| what you see | patch | what it changes | upstream | fixed in |",
+            "|---|---|---|---|---|"]
+    for patch in core.patches().values():
+        seen = "<br>".join(f"`{s}`" if s.startswith(("ValueError", "AttributeError")) else s
+                           for s in patch.symptoms)
+        rows.append(f"| {seen} | `{patch.name}` | {patch.summary} | {patch.upstream} | "
+                    f"{patch.fixed_in_text} |")
+    return "\n".join(rows) + "\n"

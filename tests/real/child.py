@@ -120,6 +120,7 @@ def process():
         "armed": core.current_config() is not None, "states": states(),
         "armed_by": core.armed_by(), "bootstrap_loaded": sc is not None,
         "kimi_hotfix_file": kimi_hotfix.__file__, "import_seconds": round(IMPORT_SECONDS, 2),
+        "kv_cache_interface_file": kvi.__file__,
         "mla_ctor_broken_at_import": bool(_ctor),
     }
 

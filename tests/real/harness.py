@@ -44,7 +44,9 @@ PLAN = {
     "0.28.0": ("on:plain:0", "on:O:0"),
     "0.29.0": SHIM_RUNS + UNPATCHED + ("strict:O:0", "no_source:plain:0", "no_source:O:0"),
     "0.30.0": SHIM_RUNS + UNPATCHED + ("no_source:plain:0", "no_source:O:0"),
-    "0.33.0": SHIM_RUNS + UNPATCHED + ("ctor:plain:0", "ctor:O:0", "ctor_strict:plain:0"),
+    "0.33.0": SHIM_RUNS + UNPATCHED + ("ctor:plain:0", "ctor:O:0", "ctor_strict:plain:0",
+                                       "upstream:O:0", "upstream_off:O:0", "upstream_off:O:1",
+                                       "upstream_off:O:2", "upstream_off:OO:3"),
     "0.29.0-py3.12": ("on:plain:0", "on:O:0"),
 }
 # scenario name -> (environment on top of hermetic_env(), child spec)
@@ -56,7 +58,11 @@ SCENARIOS = {
     "no_source": ({}, {"no_source": True}),
     "ctor": ({}, {"fail_mla_ctor": True}),
     "ctor_strict": ({"KIMI_HOTFIX_STRICT": "1"}, {"fail_mla_ctor": True}),
+    # vLLM with upstream/'s patch applied, through an overlay first on PYTHONPATH
+    "upstream": ({}, {"overlay": True}),
+    "upstream_off": ({"KIMI_HOTFIX": "0"}, {"overlay": True}),
 }
+UPSTREAM_PATCH = REPO / "upstream" / "0001-kv-cache-spec-merge-explicit-checks.patch"
 
 
 def parse_key(release, name="on", opt="plain", seed=0):
@@ -122,13 +128,50 @@ class Run:
         return {name: s["kind"] for name, s in self["process"]["states"].items()}
 
 
+_overlay_lock = threading.Lock()
+_overlays: dict = {}
+
+
+def vllm_location(python) -> Path:
+    """The directory that holds the ``vllm`` package of ``python``'s venv."""
+    proc = subprocess.run([python, "-c", "import importlib.util as u; "
+                           "print(list(u.find_spec('vllm').submodule_search_locations)[0])"],
+                          capture_output=True, text=True, check=True,
+                          env=hermetic_env(shim=False))
+    return Path(proc.stdout.strip()).parent
+
+
+def upstream_overlay(release) -> dict:
+    """upstream/'s patch applied to ``release``'s vLLM in an overlay (built once)."""
+    with _overlay_lock:
+        if release not in _overlays:
+            import importlib.util
+            import tempfile
+
+            spec = importlib.util.spec_from_file_location("kimi_upstream_overlay",
+                                                          REPO / "upstream" / "overlay.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            site = vllm_location(venv_python(release))
+            root = Path(os.environ.get("KIMI_HOTFIX_TEST_CACHE") or tempfile.mkdtemp())
+            dest = root / f"overlay-{release}-{os.getpid()}"
+            touched = module.patch_paths(UPSTREAM_PATCH)
+            before = {rel: module.sha256(site / rel) for rel in touched}
+            module.make_overlay(site, UPSTREAM_PATCH, dest)
+            _overlays[release] = {"path": dest, "site": site, "touched": touched,
+                                  "hashes_before": before, "module": module}
+        return _overlays[release]
+
+
 def _compute(key) -> Run:
     release, name, opt, seed = key
     extra, spec = SCENARIOS[name]
     env = hermetic_env(PYTHONHASHSEED=seed, **extra)
+    if spec.get("overlay"):
+        env["PYTHONPATH"] = os.pathsep.join([str(upstream_overlay(release)["path"]), str(REPO)])
     cache = os.environ.get("KIMI_HOTFIX_TEST_CACHE")
     path = None
-    if cache:
+    if cache and not spec.get("overlay"):
         digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
         path = Path(cache) / f"child-{digest}.json"
     cmd = [venv_python(release), *OPT_FLAGS[opt], str(CHILD), json.dumps(spec)]

@@ -100,8 +100,8 @@ class CaptureWorkspacePatch(base.Patch):
     fixed_in = "0.30.0"
     affects_from = "0.29.0"
     symptoms = ("ValueError: KDA RecoverSSM speculative decode query length exceeds its "
-                "activation capacity (k + 1), at startup while capturing CUDA graphs "
-                "(--use-replayssm)",)
+                "activation capacity",
+                "at startup, while capturing CUDA graphs (--use-replayssm)")
     summary = "RecoverSSM: no mixed CUDA graph above max_num_seqs * (1 + k) tokens"
     decides = ("RecoverSSM present (CacheConfig.use_kda_recoverssm) and a source check: "
                "_init_candidates does not consult it")

@@ -179,8 +179,9 @@ class KDAOverlongRowsPatch(base.Patch):
     fixed_in = "0.31.0"
     affects_from = "0.29.0"
     symptoms = ("ValueError: KDA RecoverSSM speculative decode query length exceeds its "
-                "activation capacity (k + 1), at startup in eager dummy runs (adaptive "
-                "verification profiling), also on 0.30.0",)
+                "activation capacity",
+                "at startup, in eager dummy runs (adaptive verification profiling); on "
+                "0.30.0 too")
     summary = "RecoverSSM: rows longer than num_spec + 1 take the non-speculative path"
     decides = ("source check: build has a RecoverSSM path and does not route rows by "
                "'<= self.num_spec + 1'")

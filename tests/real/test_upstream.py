@@ -1,0 +1,105 @@
+"""The upstream fix (upstream/0001-kv-cache-spec-merge-explicit-checks.patch) on
+the real vLLM 0.33.0, and the shim stepping aside by itself once it lands.
+
+- The patch is applied to a copy of 0.33.0's files (upstream/overlay.py: a
+  symlink tree first on PYTHONPATH, the patched file a real copy); the cached
+  venv is never modified (sha256 before and after every child).
+- Without the shim's patches (KIMI_HOTFIX=0: nothing installed, checked), the
+  patched vLLM's own planner groups the Kimi-K3 layer sets under -O (seeds 0, 1,
+  2) and -OO (seed 3) exactly as plain 0.33.0 as released does; the same runs
+  on unpatched 0.33.0 differ (the test can fail).
+- On the patched vLLM, ``python -O -m kimi_hotfix check`` finds kv_spec_merge
+  not needed (its source check finds no assert left) and the shim removable.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+
+import pytest
+from harness import UPSTREAM_PATCH, child, reference, upstream_overlay
+
+pytestmark = pytest.mark.releases("0.33.0")
+
+OPTIMIZED = [("O", 0), ("O", 1), ("O", 2), ("OO", 3)]
+LEVEL = {"O": 1, "OO": 2}
+
+
+def merge_asserts(path) -> dict:
+    """{class: number of assert statements in its merge method}."""
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "merge":
+                    out[node.name] = sum(isinstance(n, ast.Assert) for n in ast.walk(item))
+    return out
+
+
+def kv_results(run):
+    return {"merge": run["kv"]["merge"], **run["kv"]["groupings"]}
+
+
+@pytest.mark.parametrize("opt, seed", OPTIMIZED, ids=[f"{o}-{s}" for o, s in OPTIMIZED])
+def test_patched_vllm_groups_like_the_reference_without_the_shim(release, opt, seed):
+    run, overlay = child(release, "upstream_off", opt, seed), upstream_overlay(release)
+    process = run["process"]
+    assert process["optimize"] == LEVEL[opt] and process["hashseed"] == str(seed)
+    assert process["kv_cache_interface_file"].startswith(str(overlay["path"]))
+    assert set(run.kinds.values()) == {"disabled"}
+    assert run["wrapped"]["layers"] == {} and run["wrapped"]["recorded"] == {}
+    assert kv_results(run) == kv_results(reference())
+    assert run["kv"]["probe"]["ok"], run["kv"]["probe"]
+    # unpatched 0.33.0 under the same flags does not (when a child exists for it)
+    if opt == "O" and seed in (0, 1):
+        assert kv_results(child(release, "off", opt, seed)) != kv_results(reference())
+
+
+def test_the_shim_steps_aside_on_the_patched_vllm(release):
+    report = json.loads(child(release, "upstream", "O")["check"]["stdout"])
+    assert report["python"]["optimize"] == 1
+    kv = next(p for p in report["patches"] if p["name"] == "kv_spec_merge")
+    assert (kv["needed"], kv["kind"]) == (False, "not_needed"), kv
+    assert "no merge relies on assert" in kv["state"]
+    assert report["needed"] == [] and report["removable"] is True, report["verdict"]
+    assert report["exit_status"] == 0 and report["problems"] == []
+    # the same check on 0.33.0 as released still needs the patch
+    unpatched = json.loads(child(release, "on", "O")["check"]["stdout"])
+    assert unpatched["needed"] == ["kv_spec_merge"] and unpatched["removable"] is False
+
+
+def test_the_overlay_never_touches_the_venv(release):
+    overlay = upstream_overlay(release)
+    for opt, seed in OPTIMIZED:  # after the children ran
+        child(release, "upstream_off", opt, seed)
+    module, site = overlay["module"], overlay["site"]
+    assert overlay["touched"] == ["vllm/v1/kv_cache_interface.py"]
+    for rel in overlay["touched"]:
+        copy = overlay["path"] / rel
+        assert module.sha256(site / rel) == overlay["hashes_before"][rel]
+        assert copy.is_file() and not copy.is_symlink()
+        assert module.sha256(copy) != overlay["hashes_before"][rel]
+        original, patched = merge_asserts(site / rel), merge_asserts(copy)
+        assert set(original) == set(patched) and sum(original.values()) > 0
+        assert patched == dict.fromkeys(original, 0)
+    init = overlay["path"] / "vllm" / "__init__.py"
+    assert init.is_symlink() and os.path.realpath(init) == str(site / "vllm" / "__init__.py")
+
+
+def test_the_overlay_refuses_a_patch_that_does_not_apply(release, tmp_path):
+    overlay = upstream_overlay(release)
+    module, rel = overlay["module"], overlay["touched"][0]
+    site = tmp_path / "site-packages"
+    (site / rel).parent.mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / rel).write_bytes((overlay["path"] / rel).read_bytes())  # already patched
+    before = module.sha256(site / rel)
+    with pytest.raises(module.OverlayError, match="does not apply cleanly"):
+        module.make_overlay(site, UPSTREAM_PATCH, tmp_path / "again")
+    assert module.sha256(site / rel) == before and not (tmp_path / "again" / "vllm").exists()
+    outside = tmp_path / "outside.patch"
+    outside.write_text("--- a/torch/x.py\n+++ b/torch/x.py\n@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(module.OverlayError, match="outside vllm/"):
+        module.make_overlay(site, outside, tmp_path / "outside")
