@@ -1,7 +1,7 @@
 """kimi-hotfix bootstrap (see README.md). Runs in every Python process that has
 this directory on PYTHONPATH, most of which never import vLLM, so it does almost
 nothing: it puts a small finder in front of sys.meta_path that waits for
-``import vllm``, and then chains the container's own sitecustomize (the next one
+``import vllm`` (and leaves sys.meta_path once it has fired), and then chains the container's own sitecustomize (the next one
 on sys.path), which still runs exactly once. When vLLM is imported, just before
 its ``__init__`` runs, ``kimi_hotfix.core.arm()`` reads the environment, imports
 wrapt and registers post-import hooks on the vLLM modules it patches.
@@ -69,6 +69,7 @@ def fire():
     if ARMED:
         return
     ARMED = True
+    retire()
     try:
         from kimi_hotfix import core
     except Exception as exc:  # a broken install must not break vLLM's import
@@ -77,6 +78,17 @@ def fire():
         logging.getLogger("kimi_hotfix").warning("kimi-hotfix inactive: %r", exc)
         return
     core.arm("sitecustomize")  # contains its own failures; strict mode raises
+
+
+def retire():
+    """Once armed the trigger finds nothing, but the import system would still
+    ask it about every later import (bench/apply_cost.py): take it off
+    sys.meta_path. By a new list, not in place: another thread may be walking
+    the old one in an import, and a removal under its iterator skips a finder."""
+    meta_path = sys.meta_path
+    rest = [f for f in meta_path if not isinstance(f, VllmImportTrigger)]
+    if len(rest) != len(meta_path):
+        sys.meta_path = rest
 
 
 def chain():
