@@ -106,7 +106,7 @@ class Estimate:
         return abs(self.median) <= 2 * self.se
 
     def fmt(self, unit="", digits=2):
-        rough = " (few pairs: rough error bar)" if self.n < 10 else ""
+        rough = ", few pairs: rough error bar" if self.n < 10 else ""
         return (f"{self.median:+.{digits}f}{unit} +/- {self.se:.{digits}f}{unit} s.e. "
                 f"(n={self.n}{rough})")
 
