@@ -102,6 +102,7 @@ def test_trigger_arms_on_vllm_import_and_rearming_never_double_wraps():
     assert out["before"] == {"core": False, "wrapt": False, "armed": False}
     first = out["first"]
     assert first["bootstrap_armed"] is True and first["armed_by"] == ["sitecustomize"]
+    assert first["trigger_in_meta_path"] is False  # fired: no longer asked about every import
     assert first["states"] == {p: "applied" for p in PATCHES}, first["states"]
     assert {v["patch"] for v in first["wrapped"].values()} == set(PATCHES)
     assert_one_layer_each(first)
