@@ -20,7 +20,10 @@ venv) interpreter, with the shim on PYTHONPATH. What the shim adds there:
 
 2. The import-system cost of the shim's finders, which the steps above leave
    out: the bootstrap's ``VllmImportTrigger`` (first on sys.meta_path from
-   start-up; its find_spec returns None for every name but "vllm") and wrapt's
+   start-up; its find_spec returns None for every name but "vllm"; it leaves
+   sys.meta_path once it has fired, so a vLLM import calls it about once, but
+   its per-call cost is still what every import pays in a process that never
+   imports vLLM) and wrapt's
    post-import hook finder (``wrapt.importer.ImportHookFinder``, put in front of
    sys.meta_path by ``wrapt.register_post_import_hook`` during the arming). The
    import system asks every finder on sys.meta_path, in order, for every module
