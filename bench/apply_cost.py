@@ -148,8 +148,9 @@ lookups = []
 instrumented = {}
 
 
-def is_wrapt(finder):
-    return type(finder).__module__.split(".")[0] == "wrapt"
+def is_wrapt(finder):  # wrapt's or a vendored copy's (kimi_hotfix._vendor.wrapt)
+    return "wrapt" in type(finder).__module__.split(".") and \
+        type(finder).__name__.endswith("ImportHookFinder")
 
 
 def instrument(cls, key):
