@@ -128,7 +128,7 @@ if bootstrap is not None and bootstrap.ARMED:
 t0 = time.perf_counter()
 %(imports)s
 total = time.perf_counter() - t0
-states = sys.modules["kimi_hotfix.core"].states() if "kimi_hotfix.core" in sys.modules else None
+states = {n: str(s) for n, s in sys.modules["kimi_hotfix.core"].states().items()} if "kimi_hotfix.core" in sys.modules else None
 print("KIMI_JSON:" + json.dumps(dict(timings, **{"import": total, "states": states,
                                                   "modules": sorted(sys.modules)})))
 """

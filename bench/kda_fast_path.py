@@ -56,6 +56,7 @@ where the patch is not needed it is forced on for the measurement):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import random
 import statistics
@@ -168,12 +169,13 @@ def main(argv=None):
     import wrapt
     from vllm.models.kimi_k3.nvidia import kda_metadata
 
-    from kimi_hotfix import core, recompile
+    from kimi_hotfix import core, probing, recompile
     from kimi_hotfix.patches import kda_overlong_rows as patch
-    from kimi_hotfix.probes import recoverssm as probe
+    from kimi_hotfix.patches.kda_overlong_rows import probe
 
     torch.set_num_threads(1)
-    state = core.force(patch.PATCH.name)  # as installed; forced where not needed
+    # as installed; toggled on where this vLLM does not need it (for the process)
+    state = contextlib.ExitStack().enter_context(core.toggled(patch.PATCH.name, True))
     owner = kda_metadata.KimiK3KDAMetadataBuilder
     wrapped = vars(owner)["build"]
     if not core.is_wrapped(wrapped):
@@ -199,7 +201,7 @@ def main(argv=None):
     print(f"vLLM {vllm.__version__}, python {sys.version.split()[0]}, torch {torch.__version__}, "
           f"wrapt {wrapt.__version__}; kda_overlong_rows: {state}\n")
 
-    builder = probe.make_builder(**probe.SEED)
+    builder = probe.make_builder(**probing.SEED)
 
     def build_kwargs(*batch, **options):
         return dict(zip(BUILD_PARAMS, probe.build_args(*batch, **options)))
