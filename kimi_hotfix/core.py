@@ -26,7 +26,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from kimi_hotfix import __version__, base
+from kimi_hotfix import __version__, _wrapt, base
 from kimi_hotfix import config as _config_mod
 from kimi_hotfix.base import KimiHotfixError, PatchError, State  # noqa: F401 (re-exported)
 from kimi_hotfix.patches import PATCH_MODULES
@@ -69,7 +69,7 @@ def patch_names() -> tuple:
 
 
 def load_wrapt():
-    return importlib.import_module("wrapt")
+    return _wrapt.load()  # the bundle's private copy, else the top-level wrapt
 
 
 # -- logging ----------------------------------------------------------------

@@ -40,11 +40,13 @@ def _find_spec(name):
 
 
 def _wrapt_info():
-    """The wrapt the shim would use, found without importing it."""
-    spec = _find_spec("wrapt")
-    return {"installed": spec is not None,
-            "version": _dist_version("wrapt") if spec is not None else None,
-            "path": getattr(spec, "origin", None)}
+    """The wrapt the shim would use (the bundle's private copy, else the
+    top-level one), found without importing it."""
+    from kimi_hotfix import _wrapt
+
+    found = _wrapt.find()
+    return {"installed": found["source"] is not None, "version": found["version"],
+            "source": found["source"], "path": found["path"]}
 
 
 def _plugin_entry():
@@ -252,7 +254,9 @@ def print_status(report, out=None):
     w(f"  vllm       {v['version'] + ' (package metadata; not imported)' if v['installed'] else missing}\n")
     wr = report["wrapt"]
     no_wrapt = "NOT found: the shim cannot wrap anything" + (" (-S)" if py["no_site"] else "")
-    w(f"  wrapt      {(wr['version'] or 'installed') if wr['installed'] else no_wrapt}\n")
+    private = " (the bundle's private copy; the container's own wrapt is untouched)"
+    w(f"  wrapt      {(wr['version'] or 'installed') if wr['installed'] else no_wrapt}"
+      f"{private if wr['source'] == 'vendored' else ''}\n")
     shim = report["shim"]
     w(f"  shim       {shim['why']}\n")
     if shim["sitecustomize_loaded"]:
