@@ -17,19 +17,36 @@ same bytecode, names, locals, constants and first line as the function that
 vLLM loaded
 (a stale or edited ``.py`` next to the cached bytecode, or a function that is not
 what its source says, raises ``PatchError`` and the caller keeps the original).
+
+Compiled "the way the interpreter compiled the module" means, on every Python
+from 3.9 to 3.13: with the module's own ``from __future__`` flags (read from
+the running code object: without ``annotations``, a nested def's annotations
+are evaluated in the function's bytecode), and with the qualified names vLLM's
+code has (a nested function or class keeps its qualified name in the code: as
+a constant up to 3.10, and for a class's ``__qualname__`` on every version),
+not the name of the factory the recompiled def is nested in.
 """
 
 from __future__ import annotations
 
 import __future__ as _future
 import ast
+import copy
 import functools
 import inspect
 import types
 
 from kimi_hotfix.base import PatchError
 
-_ANNOTATIONS = _future.annotations.compiler_flag  # annotations are never evaluated
+# The co_flags bits that record the module's ``from __future__`` imports
+# (nested_scopes' bit is CO_NESTED, a property of the def, not an import).
+_FUTURE_FLAGS = functools.reduce(
+    lambda flags, name: flags | getattr(_future, name).compiler_flag,
+    [name for name in _future.all_feature_names if name != "nested_scopes"],
+    0,
+)
+_FACTORY = "_kimi_hotfix_factory"
+_DEF = "_kimi_hotfix_def"
 
 
 @functools.lru_cache(maxsize=64)
@@ -130,10 +147,26 @@ def _fingerprint(code):
 def _compile(func, tree, optimize, cells):
     """Execute ``tree`` (one def) in ``func``'s globals; the def is nested in a
     factory whose parameters are ``cells`` (closure names), so helpers reach
-    the function through closure cells and never through vLLM's globals."""
-    funcdef = tree.body[0]
+    the function through closure cells and never through vLLM's globals.
+
+    In the factory the def goes by a name of its own: under its real name, a
+    reference to that name in its body (a recursive module-level function)
+    would become a closure over the factory's local instead of the global it
+    is in vLLM. The compiled code gets its real names back (``_requalify``).
+    The def's own annotations are left out: they are evaluated by the code
+    around a def, never by its body, and the result takes ``func``'s."""
+    funcdef = copy.copy(tree.body[0])  # the tree stays as the caller edited it
+    real_name, funcdef.name = funcdef.name, _DEF
+    funcdef.returns = None
+    funcdef.args = copy.copy(funcdef.args)
+    for field in ("posonlyargs", "args", "kwonlyargs", "vararg", "kwarg"):
+        value = getattr(funcdef.args, field)
+        if isinstance(value, list):
+            setattr(funcdef.args, field, [_unannotated(arg) for arg in value])
+        elif value is not None:
+            setattr(funcdef.args, field, _unannotated(value))
     factory = ast.FunctionDef(
-        name="_kimi_hotfix_factory",
+        name=_FACTORY,
         args=ast.arguments(
             posonlyargs=[],
             args=[ast.arg(arg=name) for name in cells],
@@ -154,11 +187,47 @@ def _compile(func, tree, optimize, cells):
         body.append(ast.If(test=ast.Constant(value=0), body=declare, orelse=[]))
     module = ast.Module(body=body, type_ignores=[])
     ast.fix_missing_locations(module)
-    code = compile(module, filename, "exec", flags=_ANNOTATIONS, dont_inherit=True,
-                   optimize=optimize)
+    code = compile(module, filename, "exec", flags=func.__code__.co_flags & _FUTURE_FLAGS,
+                   dont_inherit=True, optimize=optimize)
+    code = _requalify(code, f"{_FACTORY}.<locals>.{_DEF}", func.__qualname__, real_name)
     namespace: dict = {}
-    exec(code, func.__globals__, namespace)
-    return namespace["_kimi_hotfix_factory"](**cells)
+    exec(code, func.__globals__, namespace)  # defines the factory only
+    try:
+        return namespace[_FACTORY](**cells)
+    except Exception as exc:  # evaluating the def's default values failed
+        raise PatchError(f"{func.__qualname__} cannot be redefined "
+                         f"({type(exc).__name__}: {exc})") from exc
+
+
+def _unannotated(arg):
+    arg = copy.copy(arg)
+    arg.annotation = None
+    return arg
+
+
+def _requalify(code, old, new, name):
+    """``code`` with the qualified names that start with ``old`` (the def as
+    nested in the factory) starting with ``new`` (its name in vLLM) instead:
+    ``co_qualname`` (3.11+) and the string constants the compiler emits for
+    them (a nested function's qualname up to 3.10; a class body's
+    ``__qualname__``); and the def's own code named ``name`` again."""
+
+    def rename(value):
+        if value == old or value.startswith(old + "."):
+            return new + value[len(old):]
+        return value
+
+    consts = tuple(
+        _requalify(c, old, new, name) if isinstance(c, types.CodeType)
+        else rename(c) if isinstance(c, str) else c
+        for c in code.co_consts
+    )
+    changes = {"co_consts": consts}
+    if code.co_name == _DEF:
+        changes["co_name"] = name
+    if hasattr(code, "co_qualname"):
+        changes["co_qualname"] = rename(code.co_qualname)
+    return code.replace(**changes)
 
 
 def recompile(func, edit, *, optimize=-1, cells=None):

@@ -10,6 +10,9 @@ Each case runs in a child interpreter, plain, -O and -OO:
   module globals; an exception raised by vLLM's own statements still points at
   the line of the source file;
 - ``optimize=0`` keeps asserts under -O (what kv_spec_merge relies on);
+- the same on every Python: a nested def's evaluated annotations, a nested
+  class's qualified name and a module-level function calling itself by name
+  compile as in the running code;
 - a function whose running code differs from its source, a closure, a missing
   source: PatchError, nothing is produced.
 """
@@ -58,6 +61,14 @@ out["edited"] = [outcome(lambda: edited(None, x)) for x in (1, -5)]
 out["helper_not_global"] = "_helper" not in vars(sample)
 out["edited_freevars"] = list(edited.__code__.co_freevars)
 
+for name, func, args in (("nested", sample.Sample.nested, (None, 2)),
+                         ("countdown", sample.countdown, (3,))):
+    try:
+        again = recompile.recompile(func, lambda tree: None)
+        out[name] = [again(*args) == func(*args), again(*args), list(again.__code__.co_freevars)]
+    except PatchError as exc:
+        out[name] = "PatchError: " + str(exc)
+
 for name, func in (("swapped", sample.Sample.swapped), ("closure", sample.closure_maker()),
                    ("builtin", len)):
     try:
@@ -95,6 +106,9 @@ def test_recompile_mechanics(flags):
                                 'raise ValueError("negative input")']
     assert out["helper_not_global"] is True
     assert out["edited_freevars"] == ["_helper"]
+    # the nested class keeps vLLM's qualified name, the recursion its global
+    assert out["nested"] == [True, [[[0], [2]], "Sample.nested.<locals>.Box", 2], []]
+    assert out["countdown"] == [True, [3, 2, 1], []]
     assert out["swapped"] == "PatchError: source of Sample.swapped does not match its running code"
     assert out["closure"].startswith("PatchError: closure_maker.<locals>.uses_closure uses a closure")
     assert out["builtin"].startswith("PatchError: ")

@@ -23,6 +23,17 @@ not indented: dedenting the source would change this string"""
     def swapped(self):
         return "the source says this"
 
+    def nested(self, n):
+        # no ``from __future__ import annotations`` in this module: the inner
+        # def's annotations are evaluated in this function's own bytecode
+        def scaled(x: int) -> "list[int]":
+            return [x * n]
+
+        class Box:  # its body stores its __qualname__ as a constant
+            value = n
+
+        return [scaled(i) for i in range(n)], Box.__qualname__, Box.value
+
 
 def closure_maker():
     value = 3
@@ -31,6 +42,11 @@ def closure_maker():
         return value
 
     return uses_closure
+
+
+def countdown(n):
+    """Module level and recursive: its own name is a global here."""
+    return [] if n <= 0 else [n] + countdown(n - 1)
 
 
 # running code that differs from the source next to it, as when a .py was edited
