@@ -33,7 +33,7 @@ import __future__ as _future
 import ast
 import copy
 import functools
-import inspect
+import linecache
 import types
 
 from kimi_hotfix.base import PatchError
@@ -49,19 +49,40 @@ _FACTORY = "_kimi_hotfix_factory"
 _DEF = "_kimi_hotfix_def"
 
 
-@functools.lru_cache(maxsize=64)
-def _source_lines(func):
-    # inspect tokenizes the file to find the block: ~10 ms for a long method;
-    # a patch asks for the same function in check() and again in apply()
-    return inspect.getsourcelines(func)
+@functools.lru_cache(maxsize=16)
+def _module(filename):
+    """(lines, parsed tree) of a module's source file, read once per file: the
+    lines linecache has (what inspect reads), the tree to find defs in (cheaper
+    than inspect's tokenizer, which walks each function's block token by token)."""
+    lines = linecache.getlines(filename)
+    if not lines:
+        raise OSError("could not get source code")
+    return lines, ast.parse("".join(lines))
+
+
+def _statements(body):
+    """Every statement of ``body`` and of the blocks nested in it (no expressions)."""
+    for node in body:
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            yield from _statements(getattr(node, field, None) or ())
 
 
 def _lines(func):
-    """(lines, first line number) of ``func``'s source; PatchError if none."""
+    """(lines, first line number) of ``func``'s source, decorators included;
+    PatchError if none."""
+    code = func.__code__
     try:
-        return _source_lines(func)
-    except (OSError, TypeError) as exc:
+        lines, tree = _module(code.co_filename)
+    except (OSError, SyntaxError, ValueError) as exc:
         raise PatchError(f"source of {func.__qualname__} unavailable ({exc})") from exc
+    for node in _statements(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if first == code.co_firstlineno:
+                return lines[first - 1:node.end_lineno], first
+    raise PatchError(f"source of {func.__qualname__} unavailable (no def at line "
+                     f"{code.co_firstlineno} of {code.co_filename})")
 
 
 def source(func) -> str:
@@ -75,16 +96,17 @@ def function_ast(func) -> ast.Module:
     indented), never dedented: dedenting would change multi-line strings."""
     lines, first = _lines(func)
     indented = lines[0][:1].isspace()
+    # blank lines in front put every node on its line in the file: cheaper than
+    # renumbering the parsed tree (ast.increment_lineno walks all of it)
+    head = "\n" * (first - 1 - indented) + ("if 1:\n" if indented else "")
     try:
-        tree = ast.parse(("if 1:\n" if indented else "") + "".join(lines))
+        tree = ast.parse(head + "".join(lines))
     except SyntaxError as exc:
         raise PatchError(f"source of {func.__qualname__} does not parse ({exc})") from exc
     body = tree.body[0].body if indented else tree.body
     if len(body) != 1 or not isinstance(body[0], ast.FunctionDef):
         raise PatchError(f"unexpected source layout for {func.__qualname__}")
-    tree = ast.Module(body=body, type_ignores=[])
-    ast.increment_lineno(tree, first - 1 - indented)
-    return tree
+    return ast.Module(body=body, type_ignores=[])
 
 
 def _undecorated(tree):
@@ -97,24 +119,6 @@ def _undecorated(tree):
     return tree
 
 
-class _ModuleImports(ast.NodeVisitor):
-    """Names a module binds with import statements in its own scope."""
-
-    def __init__(self):
-        self.names = []
-
-    def visit_Import(self, node):
-        self.names += [a.asname or a.name.split(".")[0] for a in node.names]
-
-    def visit_ImportFrom(self, node):
-        self.names += [a.asname or a.name for a in node.names if a.name != "*"]
-
-    def _skip(self, node):
-        pass  # another scope
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _skip
-
-
 @functools.lru_cache(maxsize=16)
 def _imported_names(filename):
     """Import-bound names of the module in ``filename``. CPython compiles
@@ -122,13 +126,21 @@ def _imported_names(filename):
     of the module (LOAD_ATTR instead of LOAD_METHOD, 3.11+), so the recompiled
     function must see the same declarations to be the same bytecode."""
     try:
-        with open(filename, "rb") as f:
-            tree = ast.parse(f.read())
+        _, tree = _module(filename)
     except (OSError, SyntaxError, ValueError):
         return ()
-    visitor = _ModuleImports()
-    visitor.visit(tree)
-    return tuple(dict.fromkeys(visitor.names))
+    names = []
+    todo = list(tree.body)
+    while todo:  # the module's own scope: not inside a def or a class
+        node = todo.pop(0)
+        if isinstance(node, ast.Import):
+            names += [a.asname or a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names += [a.asname or a.name for a in node.names if a.name != "*"]
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo += getattr(node, field, None) or ()
+    return tuple(dict.fromkeys(names))
 
 
 def _fingerprint(code):
@@ -179,14 +191,14 @@ def _compile(func, tree, optimize, cells):
         returns=None,
         type_comment=None,
     )
-    filename = inspect.getsourcefile(func) or func.__code__.co_filename
+    filename = func.__code__.co_filename
     body = [ast.copy_location(factory, funcdef)]
     imported = _imported_names(filename)
     if imported:  # declared, never executed: ``if 0:`` is compiled away
         declare = [ast.Import(names=[ast.alias(name=n)]) for n in imported]
         body.append(ast.If(test=ast.Constant(value=0), body=declare, orelse=[]))
     module = ast.Module(body=body, type_ignores=[])
-    ast.fix_missing_locations(module)
+    _locate(module, funcdef)
     code = compile(module, filename, "exec", flags=func.__code__.co_flags & _FUTURE_FLAGS,
                    dont_inherit=True, optimize=optimize)
     code = _requalify(code, f"{_FACTORY}.<locals>.{_DEF}", func.__qualname__, real_name)
@@ -197,6 +209,20 @@ def _compile(func, tree, optimize, cells):
     except Exception as exc:  # evaluating the def's default values failed
         raise PatchError(f"{func.__qualname__} cannot be redefined "
                          f"({type(exc).__name__}: {exc})") from exc
+
+
+def _locate(root, funcdef):
+    """Give the nodes around ``funcdef`` (the factory, the declarations) the
+    def's position, as ``ast.fix_missing_locations`` would, without walking the
+    def itself: vLLM's nodes have theirs, and an edit places what it adds
+    (``ast.fix_missing_locations`` on its own nodes)."""
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        for attr in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
+            if attr in node._attributes and getattr(node, attr, None) is None:
+                setattr(node, attr, getattr(funcdef, attr))
+        todo.extend(child for child in ast.iter_child_nodes(node) if child is not funcdef)
 
 
 def _unannotated(arg):

@@ -64,7 +64,7 @@ class _AssertToRaise(ast.NodeTransformer):
         check = ast.If(
             test=ast.UnaryOp(op=ast.Not(), operand=node.test), body=[raise_exc], orelse=[]
         )
-        return ast.copy_location(check, node)
+        return ast.fix_missing_locations(ast.copy_location(check, node))
 
 
 def has_assert(func) -> bool:
