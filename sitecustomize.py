@@ -1,8 +1,9 @@
 """kimi-hotfix bootstrap (see README.md). Runs in every Python process that has
 this directory on PYTHONPATH, most of which never import vLLM, so it does almost
 nothing: it puts a small finder in front of sys.meta_path that waits for
-``import vllm`` (and leaves sys.meta_path once it has fired), and then chains the container's own sitecustomize (the next one
-on sys.path), which still runs exactly once. When vLLM is imported, just before
+``import vllm`` (and leaves sys.meta_path once it has fired), and then chains
+the container's own sitecustomize (the next one on sys.path), which still runs
+exactly once. When vLLM is imported, just before
 its ``__init__`` runs, ``kimi_hotfix.core.arm()`` reads the environment, imports
 wrapt and registers post-import hooks on the vLLM modules it patches.
 Stdlib only, no imports here: containers often run without bytecode caches, so

@@ -128,7 +128,8 @@ if bootstrap is not None and bootstrap.ARMED:
 t0 = time.perf_counter()
 %(imports)s
 total = time.perf_counter() - t0
-states = {n: str(s) for n, s in sys.modules["kimi_hotfix.core"].states().items()} if "kimi_hotfix.core" in sys.modules else None
+core = sys.modules.get("kimi_hotfix.core")
+states = {n: str(s) for n, s in core.states().items()} if core is not None else None
 print("KIMI_JSON:" + json.dumps(dict(timings, **{"import": total, "states": states,
                                                   "modules": sorted(sys.modules)})))
 """
@@ -275,7 +276,7 @@ def run(python, flags, shim, preimport=()):
     wall = __import__("time").perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"child failed:\n{proc.stderr[-4000:]}")
-    line = [l for l in proc.stdout.splitlines() if l.startswith("KIMI_JSON:")][-1]
+    line = [text for text in proc.stdout.splitlines() if text.startswith("KIMI_JSON:")][-1]
     out = json.loads(line[len("KIMI_JSON:"):])
     out["wall"] = wall
     return out

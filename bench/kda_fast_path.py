@@ -218,9 +218,9 @@ def main(argv=None):
     def same_output(kwargs):
         outputs = []
         for variant in variants.values():
-            setattr(owner, "build", variant)
+            owner.build = variant
             outputs.append(probe.serialize_metadata(builder.build(**kwargs)))
-        setattr(owner, "build", wrapped)
+        owner.build = wrapped
         return all(out == outputs[0] for out in outputs)
 
     print("Part 1: the real builder, fast path (no row longer than k + 1), "

@@ -19,7 +19,6 @@ import sys
 
 from kimi_hotfix import __version__
 
-
 # -- check ------------------------------------------------------------------
 
 

@@ -28,8 +28,8 @@ not the name of the factory the recompiled def is nested in.
 """
 
 from __future__ import annotations
-
 import __future__ as _future
+
 import ast
 import copy
 import functools

@@ -1,9 +1,10 @@
 """Helpers shared by both test tiers (stdlib only; Python 3.9+)."""
 
 from __future__ import annotations
+
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import tempfile

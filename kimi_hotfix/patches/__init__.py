@@ -1,14 +1,12 @@
-"""One module per patch. Each defines ``PATCH``, an instance of
-``kimi_hotfix.core.Patch`` whose module header says why it exists, what it
-changes, the upstream fix and the vLLM release that carries it, and how the
-patch decides it is no longer needed. Importing these modules imports neither
-vLLM nor wrapt: that happens in ``check``/``apply``, after vLLM loaded them.
+"""The patch registry: one module (or subpackage) per patch, named here.
 
-| name               | target module                                 | upstream       | fixed in |
-|--------------------|-----------------------------------------------|----------------|----------|
-| kv_spec_merge      | vllm.v1.kv_cache_interface                    | PR #55234 (#54649) | 0.30.0 (capability); -O asserts: not yet |
-| capture_workspace  | vllm.v1.worker.gpu.cudagraph_utils            | PR #55774      | 0.30.0   |
-| kda_overlong_rows  | vllm.models.kimi_k3.nvidia.kda_metadata       | PR #55774 follow-up | 0.31.0 |
+Each defines ``PATCH``, an instance of a ``kimi_hotfix.base.Patch`` subclass,
+and its header says why it exists, what it changes, the upstream fix and the
+vLLM release that carries it, and how the patch decides it is no longer
+needed. Importing them imports neither vLLM nor wrapt: that happens in
+``check``/``apply``/``probe``, after vLLM loaded them. Adding a patch is its
+module plus one name below (DEVELOPING.md); the README's table is generated
+from the patches' metadata (scripts/docs).
 """
 
 PATCH_MODULES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")

@@ -79,8 +79,9 @@ from vllm.v1.worker.gpu import cudagraph_utils  # noqa: E402
 if "kimi_hotfix" not in sys.modules:
     sys.path.append(REPO)
 import kimi_hotfix  # noqa: E402
-import mechanics  # noqa: E402
 from kimi_hotfix import core  # noqa: E402
+
+import mechanics  # noqa: E402
 
 
 def section(name):
@@ -111,7 +112,7 @@ def build_kind():
 def process():
     sc = sys.modules.get("kimi_hotfix_sitecustomize")
     return {
-        "vllm": vllm.__version__, "python": "%d.%d.%d" % sys.version_info[:3],
+        "vllm": vllm.__version__, "python": ".".join(map(str, sys.version_info[:3])),
         "optimize": sys.flags.optimize, "hashseed": os.environ.get("PYTHONHASHSEED"),
         "armed": core.current_config() is not None, "states": states(),
         "armed_by": core.armed_by(), "bootstrap_loaded": sc is not None,

@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path

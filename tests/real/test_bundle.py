@@ -36,7 +36,6 @@ from pathlib import Path
 import pytest
 
 from harness import venv_python
-
 from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python
 from standins.venvs import layered_venv, site_dirs, site_packages
 
@@ -143,7 +142,8 @@ def check_manifest_and_tarball(bundle, archive, version):
         assert rel in files, rel
     assert any(re.fullmatch(r"kimi_hotfix/_vendor/wrapt/_wrappers\.cpython-.*\.so", rel) for rel in files)
     # nothing wrapt-related at the top level: the container's `import wrapt` is its own
-    assert {rel.split("/")[0] for rel in files} == {"sitecustomize.py", "__pycache__", "kimi_hotfix", "VERSION"}
+    assert {rel.split("/")[0] for rel in files} == {"sitecustomize.py", "__pycache__",
+                                                    "kimi_hotfix", "VERSION"}
     assert sorted(p.name for p in bundle.iterdir()) == [
         "MANIFEST.json", "VERSION", "__pycache__", "kimi_hotfix", "sitecustomize.py"]
     tag = "cpython-" + version.replace(".", "")
@@ -217,7 +217,8 @@ def test_bundle_arms_privately_in_a_venv_without_wrapt(tmp_path, release, bundle
     assert src == [], src  # no bundle module compiled at start-up or when arming
     tag = version.replace(".", "")
     assert str(bundle / "__pycache__" / f"sitecustomize.cpython-{tag}.opt-1.pyc") in pyc
-    assert str(bundle / "kimi_hotfix" / "_vendor" / "wrapt" / "__pycache__" / f"importer.cpython-{tag}.opt-1.pyc") in pyc
+    private_pycache = bundle / "kimi_hotfix" / "_vendor" / "wrapt" / "__pycache__"
+    assert str(private_pycache / f"importer.cpython-{tag}.opt-1.pyc") in pyc
 
 
 def test_bundle_leaves_the_containers_wrapt_1_14_alone(tmp_path, release, bundle_for):
@@ -305,7 +306,8 @@ def test_bundle_with_real_vllm_in_a_venv_without_wrapt(tmp_path, release, bundle
     bundle, _ = bundle_for("3.11")
     base = venv_python(release)
     python = layered_venv(tmp_path / "venv", base, site_dirs(base), hide=("wrapt", "wrapt-*"))
-    missing = run_python(["-c", "import vllm, wrapt"], python=python, env=hermetic_env(shim=False), check=False)
+    missing = run_python(["-c", "import vllm, wrapt"], python=python, env=hermetic_env(shim=False),
+                         check=False)
     assert "No module named 'wrapt'" in missing.stderr
     env = hermetic_env(shim=False)
     env["PYTHONPATH"] = str(bundle)
@@ -336,7 +338,8 @@ def test_repository_keeps_wrapt_a_plain_dependency(release):
     tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "kimi_hotfix/_vendor"],
                              capture_output=True, text=True, check=True).stdout
     assert tracked == ""
-    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "kimi_hotfix/_vendor/wrapt/__init__.py"])
+    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q",
+                              "kimi_hotfix/_vendor/wrapt/__init__.py"])
     assert ignored.returncode == 0
     setup = (REPO / "setup.cfg").read_text()
     assert re.search(r"install_requires =\s+wrapt>=", setup)

@@ -22,8 +22,8 @@ import json
 import subprocess
 
 import pytest
-from harness import child, reference, venv_python
 
+from harness import child, reference, venv_python
 from helpers import REPO, hermetic_env, run_python, summary_lines, warning_lines
 
 PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")

@@ -9,9 +9,9 @@ kimi_hotfix check`` prints). Regenerate with scripts/docs.
 from __future__ import annotations
 
 import pytest
+
 import samples
 from harness import child, venv_python
-
 from helpers import REPO, run_python, summary_lines
 
 CHECKS = [n for n, (_, _, command) in samples.SAMPLES.items() if command == "check"]

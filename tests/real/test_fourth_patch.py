@@ -16,8 +16,8 @@ import re
 import shutil
 
 import pytest
-from harness import venv_python
 
+from harness import venv_python
 from helpers import REPO, hermetic_env, run_python, summary_lines
 
 pytestmark = pytest.mark.releases("0.29.0")

@@ -12,8 +12,8 @@ with any()), under -O too. Nothing about vLLM's grouping is hard-coded here.
 from __future__ import annotations
 
 import pytest
-from harness import SHIM_RUNS, child, reference
 
+from harness import SHIM_RUNS, child, reference
 from helpers import summary_lines
 
 ALL = ("0.29.0", "0.30.0", "0.33.0", "0.29.0-py3.12")

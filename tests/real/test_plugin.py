@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from harness import venv_python
-
 from helpers import REPO, STANDINS, SUMMARY, hermetic_env, json_lines, run_python
 from standins.venvs import layered_venv, site_dirs, site_packages
 
@@ -52,13 +51,14 @@ def installed(tmp_path_factory):
     src = root / "src"
     shutil.copytree(
         REPO, src,
-        ignore=shutil.ignore_patterns(".git", "tests", "bench", "__pycache__", "build", "*.egg-info", "bundle*"),
+        ignore=shutil.ignore_patterns(".git", "tests", "bench", "__pycache__", "build",
+                                      "*.egg-info", "bundle*", "_vendor"),
     )
     base = venv_python("0.29.0")
     python = layered_venv(root / "venv", base, site_dirs(base))
     # the vLLM venv's pip installs into the new venv (--python); no network:
     # no dependencies (wrapt comes from the vLLM venv), setuptools from there too
-    proc = run_python(
+    run_python(
         ["-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-build-isolation",
          "--no-index", str(src)],
         python=base, env=hermetic_env(shim=False), timeout=600,
@@ -93,7 +93,7 @@ def test_vllm_plugin_loader_arms_without_pythonpath(release, installed):
     assert out["wrapped"]["MLAAttentionSpec.merge"] == {"patch": "kv_spec_merge", "layers": 1}
     assert all(v["layers"] == 1 for v in out["wrapped"].values())
     assert out["capability"] is True and out["vllm_own_merge_capability"] is False
-    assert len([l for l in stderr.splitlines() if SUMMARY in l]) == 1, stderr
+    assert len([line for line in stderr.splitlines() if SUMMARY in line]) == 1, stderr
     # the same installed plugin with KIMI_HOTFIX=0: vLLM's -O bug reproduces
     off, _ = runs["off"]
     assert off["armed_by"] == ["vllm-plugin"] and off["wrapped"] == {}
@@ -111,7 +111,7 @@ def test_plugin_and_pythonpath_bootstrap_wrap_once(release, installed):
     assert all(v["layers"] == 1 for v in out["wrapped"].values())
     assert {k: v["patch"] for k, v in out["wrapped"].items()} == out["recorded"]
     assert out["capability"] is True
-    assert len([l for l in proc.stderr.splitlines() if SUMMARY in l]) == 1
+    assert len([line for line in proc.stderr.splitlines() if SUMMARY in line]) == 1
 
 
 def test_installed_status_command(release, installed):

@@ -18,10 +18,18 @@ garbage per variable) are in tests/unit.
 from __future__ import annotations
 
 import pytest
-from harness import child, venv_python
 
-from helpers import (REPO, STANDINS, TOGGLES, hermetic_env, json_lines, run_python,
-                     summary_lines, warning_lines)
+from harness import child, venv_python
+from helpers import (
+    REPO,
+    STANDINS,
+    TOGGLES,
+    hermetic_env,
+    json_lines,
+    run_python,
+    summary_lines,
+    warning_lines,
+)
 from standins.venvs import layered_venv, site_dirs
 
 PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")

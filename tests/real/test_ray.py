@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from harness import venv_python
-
 from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python
 from standins.venvs import layered_venv, site_dirs
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from cases import KDA_OVERLONG, KDA_WITHIN, PLANS, PLANS_OFF, SEED, key
 from harness import child, plan_reference, reference
-
 from helpers import warning_lines
 
 FLAGS = ("plain", "O")

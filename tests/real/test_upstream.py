@@ -19,6 +19,7 @@ import json
 import os
 
 import pytest
+
 from harness import UPSTREAM_PATCH, child, reference, upstream_overlay
 
 pytestmark = pytest.mark.releases("0.33.0")

@@ -6,6 +6,12 @@ given site-packages directories except the hidden ones. So the real vLLM, torch
 and friends import from the cached vLLM venv, while a hidden package (wrapt) is
 genuinely absent: ``import wrapt`` raises ModuleNotFoundError, exactly as in a
 container that never installed it.
+
+The cached vLLM venvs (scripts/build-venv) are themselves layered: their own
+site-packages adds the unpacked vLLM and a shared dependency layer through a
+``.pth`` file. ``site_dirs`` and ``vllm_site_dirs`` return all of those
+directories; pass them (not the purelib alone, which holds only that ``.pth``)
+as ``layers``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -22,6 +29,26 @@ def site_packages(python: str) -> Path:
         capture_output=True, text=True, check=True, env={"PATH": os.environ.get("PATH", "")},
     )
     return Path(out.stdout.strip())
+
+
+_SITE_DIRS = """
+import os, sys, sysconfig
+paths = sysconfig.get_paths()
+own = {os.path.realpath(paths[k]) for k in ("purelib", "platlib")}
+real = [os.path.realpath(p) for p in sys.path]
+first = min(i for i, p in enumerate(real) if p in own)
+print("\\n".join(dict.fromkeys(p for p in real[first:] if os.path.isdir(p))))
+"""
+
+
+def site_dirs(python: str) -> list:
+    """Every site directory of ``python``'s environment, in import order: its
+    purelib (and platlib) and the directories ``.pth`` files add after it."""
+    out = subprocess.run(
+        [python, "-c", _SITE_DIRS],
+        capture_output=True, text=True, check=True, env={"PATH": os.environ.get("PATH", "")},
+    )
+    return [Path(line) for line in out.stdout.splitlines() if line]
 
 
 def overlay(dest: Path, sources, hide=()) -> Path:
@@ -53,14 +80,12 @@ def layered_venv(dest: Path, base_python: str, layers=(), hide=(), pip=False) ->
     return python
 
 
-def site_dirs(python: str) -> list:
-    """Every directory ``python`` gets its packages from: its purelib, then the
-    directories named by the .pth files there (a venv layered over others)."""
-    purelib = site_packages(python)
-    found = [purelib]
-    for pth in sorted(purelib.glob("*.pth")):
-        for line in pth.read_text().splitlines():
-            line = line.strip()
-            if line and not line.startswith(("#", "import")) and Path(line).is_dir():
-                found.append(Path(line))
-    return found
+def vllm_site_packages() -> Path:
+    """site-packages (purelib) of the vLLM venv that runs this pytest process."""
+    return site_packages(sys.executable)
+
+
+def vllm_site_dirs() -> list:
+    """All site dirs of the vLLM venv that runs this pytest process: what a
+    venv layered over it must see."""
+    return site_dirs(sys.executable)

@@ -20,8 +20,16 @@ import sys
 
 import pytest
 
-from helpers import (REPO, STANDINS, TOGGLES, hermetic_env, json_lines, run_python,
-                     summary_lines, warning_lines)
+from helpers import (
+    REPO,
+    STANDINS,
+    TOGGLES,
+    hermetic_env,
+    json_lines,
+    run_python,
+    summary_lines,
+    warning_lines,
+)
 
 TARGETS = ("vllm.v1.kv_cache_interface", "vllm.v1.worker.gpu.cudagraph_utils",
            "vllm.models.kimi_k3.nvidia.kda_metadata")
@@ -34,7 +42,7 @@ NOT_LOADED = (
     "  'bootstrap': 'kimi_hotfix_sitecustomize' in sys.modules,\n"
     "  'kimi_hotfix': sorted(m for m in sys.modules if m.startswith('kimi_hotfix')),\n"
     "  'trigger': any(type(f).__name__ == 'VllmImportTrigger' for f in sys.meta_path),\n"
-    "  'repo_on_path': %r in sys.path}))\n" % str(REPO)
+    f"  'repo_on_path': {str(REPO)!r} in sys.path}}))\n"
 )
 STATUS_VIA_API = (
     f"import sys; sys.path.insert(0, {str(REPO)!r})\n"

@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from helpers import REPO
 from kimi_hotfix import base, core, status
 from kimi_hotfix.patches import PATCH_MODULES
+
+from helpers import REPO
 
 PACKAGE = REPO / "kimi_hotfix"
 HEADER = ("Why:", "What it changes:", "Upstream:", "Needed when")

@@ -21,8 +21,9 @@ import os
 
 import pytest
 
-from helpers import REPO, hermetic_env, json_lines, run_python, summary_lines, warning_lines
 from kimi_hotfix import base
+
+from helpers import REPO, hermetic_env, json_lines, run_python, summary_lines, warning_lines
 
 CHILD = r'''
 import json, sys
@@ -78,7 +79,8 @@ out["after_on"] = [str(core.states()["fixed"]), installed("fixed")]
 print("KIMI_JSON:" + json.dumps(out), flush=True)
 '''
 
-MODULE = "class Thing:\n    def first(self):\n        return 'original'\n    def second(self):\n        return 'original'\n"
+MODULE = ("class Thing:\n    def first(self):\n        return 'original'\n"
+          "    def second(self):\n        return 'original'\n")
 
 
 def run(tmp_path, **env):

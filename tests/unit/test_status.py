@@ -63,8 +63,10 @@ def test_status_imports_no_vllm_torch_wrapt():
     total_us = sum(int(r[0].split(":")[1]) for r in rows if r[0].split(":")[1].strip().isdigit())
     assert total_us < 1_000_000, f"status imports took {total_us} us"
     # The module entry point itself (python -m), under importtime too.
-    proc = run_python(["-X", "importtime", "-m", "kimi_hotfix", "status"], env=hermetic_env(), cwd=REPO)
-    imported = [line.split("|")[2].strip() for line in proc.stderr.splitlines() if line.startswith("import time:") and "|" in line]
+    proc = run_python(["-X", "importtime", "-m", "kimi_hotfix", "status"], env=hermetic_env(),
+                      cwd=REPO)
+    imported = [line.split("|")[2].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line]
     assert "kimi_hotfix.__main__" in imported or "kimi_hotfix.cli" in imported
     assert [n for n in imported if n.split(".")[0] in HEAVY] == []
 

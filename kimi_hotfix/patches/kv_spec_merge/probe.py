@@ -18,7 +18,6 @@ import math
 import re
 
 import torch
-
 from vllm.v1 import kv_cache_interface as kvi
 
 from kimi_hotfix.base import ProbeResult
