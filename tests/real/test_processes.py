@@ -115,6 +115,7 @@ def test_multiprocessing_children_are_patched(tmp_path, release, method):
 THREADS = (
     "import importlib, threading, time\n"
     "import typing, dataclasses, logging, inspect, ast, re, json\n"
+    "import vllm\n"  # arms the shim; then three threads import the targets at once
     "targets = ('vllm.v1.kv_cache_interface', 'vllm.v1.worker.gpu.cudagraph_utils',\n"
     "           'vllm.models.kimi_k3.nvidia.kda_metadata')\n"
     "barrier = threading.Barrier(len(targets))\n"
@@ -139,10 +140,14 @@ THREADS = (
 
 @pytest.mark.releases("0.29.0")
 def test_threads_importing_vllm_at_once_wrap_once(release):
-    """The stdlib modules any threaded program has loaded are imported first:
-    racing first imports of those can hand a thread a half-initialized stdlib
-    module, which is not what this case is about. The shim settles a target
-    another thread was importing once that import finishes."""
+    """Three threads import the three target modules at once, so the three hooks
+    settle concurrently. ``vllm`` itself (and the stdlib a threaded program has
+    loaded) is imported first: threads racing through vLLM's own first import
+    can be handed a half-initialized vLLM module by CPython's deadlock
+    avoidance (``cannot import name 'init_logger' from partially initialized
+    module 'vllm.logger'``), a property of vLLM's import graph, not of the shim.
+    Arming while another thread is mid-import of a target is
+    tests/unit/test_bootstrap.py::test_arming_while_another_thread_imports_a_target."""
     proc = run_python(["-c", THREADS], python=venv_python(release), flags=["-O"])
     out = json_lines(proc.stdout)[0]
     assert out["errors"] == []

@@ -237,3 +237,54 @@ def test_multiprocessing_children_arm_the_shim(tmp_path):
         assert kid["states"] == {p: "applied" for p in PATCHES}, (method, kid["states"])
         assert_one_layer_each(kid)
     assert len(summary_lines(proc.stderr)) == 3, proc.stderr
+
+
+SLOW_TARGET = """
+import os, time
+open(os.environ["SLOW_TARGET_STARTED"], "w").close()
+while not os.path.exists(os.environ["SLOW_TARGET_GO"]):
+    time.sleep(0.01)
+class Thing:
+    def first(self):
+        return "original"
+"""
+ARM_MID_IMPORT = r'''
+import json, os, sys, threading, time
+from kimi_hotfix import base, core
+
+class Patch(base.Patch):
+    name, target = "slow", "slow_target"
+    def check(self, module, optimize):
+        return base.needed("stand-in")
+    def apply(self, module, wrap):
+        wrap(module.Thing, "first", lambda wrapped, instance, args, kwargs: "patched")
+
+core._patches["slow"] = Patch()
+importer = threading.Thread(target=__import__, args=("slow_target",))
+importer.start()
+while not os.path.exists(os.environ["SLOW_TARGET_STARTED"]):
+    time.sleep(0.01)
+half = sys.modules["slow_target"].__spec__._initializing  # mid-import in the other thread
+core.arm("test")
+state_while = str(core.states()["slow"])
+open(os.environ["SLOW_TARGET_GO"], "w").close()
+importer.join()
+deadline = time.monotonic() + 30
+while core.states()["slow"].kind == "pending" and time.monotonic() < deadline:
+    time.sleep(0.01)
+import slow_target
+print("KIMI_JSON:" + json.dumps({"half": half, "while": state_while,
+    "after": str(core.states()["slow"]), "call": slow_target.Thing().first()}))
+'''
+
+
+def test_arming_while_another_thread_imports_a_target(tmp_path):
+    """The target is half-executed in another thread when the shim arms: the
+    shim waits for that import to finish (no deadlock, no patching of a module
+    that is not there yet), then settles it."""
+    (tmp_path / "slow_target.py").write_text(SLOW_TARGET)
+    env = hermetic_env(SLOW_TARGET_STARTED=str(tmp_path / "started"),
+                       SLOW_TARGET_GO=str(tmp_path / "go"))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(tmp_path)])
+    out = json_lines(run_python(["-c", ARM_MID_IMPORT], env=env, timeout=120).stdout)[0]
+    assert out == {"half": True, "while": "pending", "after": "applied", "call": "patched"}
