@@ -1,4 +1,4 @@
-"""Arming, per-patch state, wrapping, undo and the one summary line per process.
+"""Arming, per-patch state, toggling, undo and the one summary line per process.
 
 Loaded only when vLLM is imported (or by ``check`` and the plugin). ``arm()``
 parses the environment, imports wrapt and registers one post-import hook per
@@ -7,7 +7,8 @@ module is already loaded). Each hook asks its patch to decide from what the
 loaded vLLM does or contains (``Patch.check``), then lets it wrap vLLM's
 methods; every wrapper carries a marker, so a second arming (the module re-run,
 the vLLM plugin after sitecustomize, a second copy of the package) never wraps
-twice, and everything installed is recorded so it can be put back.
+twice, and everything installed is recorded so it can be put back
+(kimi_hotfix.wrapping).
 
 Containment: a hook or wrapper error is logged once and vLLM's original
 behaviour stays; the host's import never fails because of us, unless
@@ -24,35 +25,25 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass
 
-from kimi_hotfix import __version__, _wrapt, base
+from kimi_hotfix import __version__, _wrapt, base, wrapping
 from kimi_hotfix import config as _config_mod
 from kimi_hotfix.base import KimiHotfixError, PatchError, State  # noqa: F401 (re-exported)
 from kimi_hotfix.patches import PATCH_MODULES
 
 log = logging.getLogger("kimi_hotfix")
 
-MARKER = "_self_kimi_hotfix_patch"  # attribute on everything the shim installs
-
-
-@dataclass
-class _Record:
-    owner: object
-    attr: str
-    original: object  # the raw class/module __dict__ entry
-    wrapper: object
+MARKER = wrapping.MARKER  # attribute on everything the shim installs
 
 
 _lock = threading.RLock()
 _patches: dict = {}
 _config = None
 _states: dict = {}  # name -> State
-_records: dict = {}  # name -> [_Record] of what is installed now
+_records: dict = {}  # name -> [wrapping.Record] of what is installed now
 _armed_by: list = []
 _summary_logged = False
 _wrapper_failures: set = set()
-_log_handler = None
 
 
 def patches() -> dict:
@@ -72,30 +63,7 @@ def load_wrapt():
     return _wrapt.load()  # the bundle's private copy, else the top-level wrapt
 
 
-# -- logging ----------------------------------------------------------------
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever sys.stderr is at emit time."""
-
-    def __init__(self):
-        logging.Handler.__init__(self)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-
-def _setup_logging(level: str) -> None:
-    global _log_handler
-    if _log_handler is None:
-        _log_handler = _StderrHandler()
-        _log_handler.setFormatter(
-            logging.Formatter("%(asctime)s kimi-hotfix[%(process)d] %(levelname)s %(message)s")
-        )
-        log.addHandler(_log_handler)
-        log.propagate = False
-    log.setLevel(getattr(logging, level, logging.INFO))
+# -- the summary line ---------------------------------------------------------
 
 
 def summary_line() -> str:
@@ -159,7 +127,7 @@ def _arm(source: str) -> dict:
             return states()
         names = patch_names()
         _config = cfg = _config_mod.parse(names)
-        _setup_logging(cfg.log_level)
+        wrapping.setup_logging(log, cfg.log_level)
         for warning in cfg.warnings:
             log.warning("%s", warning)
         _states.update((name, initial_state(name, cfg)) for name in names)
@@ -264,9 +232,9 @@ def _install(name, patch, module, detail="") -> None:
     """Apply ``patch`` all or nothing; the state says what happened."""
     records: list = []
     try:
-        note = patch.apply(module, _recorder(name, records))
+        note = patch.apply(module, wrapping.recorder(name, records, load_wrapt))
     except Exception as exc:
-        _restore(records)
+        wrapping.restore(records)
         _fail(name, exc)
         return
     _records[name] = records
@@ -284,40 +252,6 @@ def _fail(name, exc) -> None:
                 exc_info=not isinstance(exc, PatchError))
     if _config is not None and _config.strict:
         raise KimiHotfixError(f"{name}: {why}") from exc
-
-
-def _recorder(name: str, records: list):
-    def wrap(owner, attr: str, wrapper=None, *, replacement=None):
-        """Put ``wrapper(wrapped, instance, args, kwargs)`` around ``owner.attr``
-        (a ``wrapt.FunctionWrapper``), or install ``replacement``, a function
-        standing in for the original (hot paths, where a wrapper's extra frame
-        costs too much). Either is marked and recorded; the replacement's
-        ``__wrapped__`` is the original."""
-        if attr not in vars(owner):
-            raise PatchError(f"{getattr(owner, '__qualname__', owner)}.{attr} is not defined there")
-        original = vars(owner)[attr]
-        if getattr(original, MARKER, None) is not None:
-            return None  # wrapped already, by this or another copy of the shim
-        if (wrapper is None) == (replacement is None):
-            raise PatchError("wrap() takes a wrapper or a replacement")
-        if replacement is None:
-            proxy = load_wrapt().FunctionWrapper(original, wrapper)
-        else:
-            proxy = replacement
-            proxy.__wrapped__ = original
-        setattr(proxy, MARKER, name)
-        setattr(owner, attr, proxy)
-        records.append(_Record(owner, attr, original, proxy))
-        return proxy
-
-    return wrap
-
-
-def _restore(records: list) -> None:
-    for rec in reversed(records):
-        if vars(rec.owner).get(rec.attr) is rec.wrapper:
-            setattr(rec.owner, rec.attr, rec.original)
-    records.clear()
 
 
 def wrapper_failed(name: str, exc: BaseException, instead: str) -> None:
@@ -364,7 +298,7 @@ def toggled(name: str, applied: bool):
         yield state
     finally:
         with _lock:
-            _restore(added)
+            wrapping.restore(added)
             for rec in saved:
                 setattr(rec.owner, rec.attr, rec.wrapper)
             _records[name] = saved
@@ -377,7 +311,7 @@ def undo(name=None) -> dict:
         for patch_name in [name] if name else list(_records):
             records = _records.pop(patch_name, [])
             if records:
-                _restore(records)
+                wrapping.restore(records)
                 _states[patch_name] = State(base.DISABLED, "undone")
         return states()
 
@@ -400,8 +334,7 @@ def states() -> dict:
         return {name: _states.get(name, State(base.PENDING)) for name in patch_names()}
 
 
-def is_wrapped(obj) -> bool:
-    return getattr(obj, MARKER, None) is not None
+is_wrapped = wrapping.is_wrapped
 
 
 def armed_by() -> list:
