@@ -359,8 +359,8 @@ def main(argv=None):
     label = " ".join(flags) or "no -O"
     print(f"vLLM import of the three target modules, {args.python} ({label}), "
           f"{args.rounds} interleaved rounds")
-    print("shared 2-core machine with other jobs running: absolute times are inflated and "
-          "vary; the paired and in-process figures are what counts")
+    print(f"machine at the start: {stats.machine()}; absolute times vary with the load, "
+          "the paired and in-process figures are what counts")
     print()
     print("1. Finder calls during the import (one instrumented process):")
     print(f"   lookups through sys.meta_path: {counts['imports'] + counts['probes']} "

@@ -266,8 +266,7 @@ def main(argv=None):
     print()
 
     print(f"Verdicts (limit {LIMIT_US:.1f} us per build call; PASS only when the upper bound, "
-          "median + 2 s.e. of the paired differences, is within it; shared 2-core machine, "
-          "other jobs running):")
+          f"median + 2 s.e. of the paired differences, is within it; {stats.machine()}):")
     for _, line in verdicts:
         print("  " + line)
     results = [v for v, _ in verdicts]

@@ -209,6 +209,7 @@ def main(argv=None):
         imp = {name: importtime(python, table[name][1], table[name][0][1:-2])
                for name in PAIRS if AA not in name}
 
+    print(f"machine at the end: {stats.machine()}")
     print(f"python -c pass, {python} (Python {version}), {args.rounds} interleaved rounds "
           f"of {len(names)} variants")
     print("added = median of the per-round differences to the baseline, +/- its bootstrap "

@@ -145,3 +145,15 @@ def verdict_line(label, est, limit, control, unit="", digits=2):
     if est.n < 10:
         text += f"; only {est.n} pairs: the error bar itself is rough"
     return verdict, text
+
+
+def machine() -> str:
+    """The machine as measured now: cores and load averages (a loaded machine
+    inflates absolute times; paired differences are what counts)."""
+    import os
+
+    try:
+        load = "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    except OSError:
+        load = "load average unknown"
+    return f"{os.cpu_count()} cores, {load} (1, 5, 15 min)"

@@ -52,13 +52,6 @@ def make_builder(max_num_seqs=48, num_spec=8, recoverssm=True, block_size=16):
     return builder
 
 
-def dummy_query_lens(num_reqs, num_tokens):
-    """Query lengths of vLLM's dummy batch (InputBatch.make_dummy): the
-    remainder goes one token each to the last rows."""
-    base, extra = divmod(num_tokens, num_reqs)
-    return [base] * (num_reqs - extra) + [base + 1] * extra
-
-
 def make_metadata(query_lens, is_prefilling=None, seq_lens=None, block_cols=4):
     """A CommonAttentionMetadata for one batch; row i's state blocks are
     10 * i + 1, 10 * i + 2, ... so the index tensors show which rows went where."""
