@@ -27,7 +27,10 @@ SAMPLES = {
 def header(name) -> str:
     release, flags, command = SAMPLES[name]
     python = " ".join(["python", *flags])
-    return f"$ PYTHONPATH=/opt/kimi-hotfix {python} -m kimi_hotfix {command}    # vLLM {release}\n"
+    # the hash seed fixes which cache_dtype_str vLLM's -O merge keeps without the patch
+    seed = "PYTHONHASHSEED=0 " if command == "check" else ""
+    return (f"$ {seed}PYTHONPATH=/opt/kimi-hotfix {python} -m kimi_hotfix {command}"
+            f"    # vLLM {release}\n")
 
 
 def normalize(text: str, python: str) -> str:
