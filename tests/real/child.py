@@ -156,20 +156,22 @@ def _kdas():
     return {cases.key(s): probe.kda_build(**s) for s in cases.KDA_OVERLONG + cases.KDA_WITHIN}
 
 
+def _installed_and_forced(name, compute):
+    """``compute()`` as the shim left vLLM, and again with patch ``name`` toggled on."""
+    installed = compute()
+    with core.toggled(name, True) as state:
+        forced = compute()
+    return {"installed": installed, "forced": forced, "forced_state": str(state)}
+
+
 @section("plans")
 def plans():
-    installed = _plans()
-    with core.toggled("capture_workspace", True) as state:
-        forced = _plans()
-    return {"installed": installed, "forced": forced, "forced_state": str(state)}
+    return _installed_and_forced("capture_workspace", _plans)
 
 
 @section("kda")
 def kda():
-    installed = _kdas()
-    with core.toggled("kda_overlong_rows", True) as state:
-        forced = _kdas()
-    return {"installed": installed, "forced": forced, "forced_state": str(state)}
+    return _installed_and_forced("kda_overlong_rows", _kdas)
 
 
 @section("battery")
