@@ -35,7 +35,10 @@ def header(name) -> str:
 
 def normalize(text: str, python: str) -> str:
     venv = os.path.dirname(os.path.dirname(python))
-    return text.replace(str(REPO), "/opt/kimi-hotfix").replace(venv, "/opt/venv")
+    for path, shown in sorted({str(REPO): "/opt/kimi-hotfix", venv: "/opt/venv"}.items(),
+                              key=lambda item: -len(item[0])):  # the longer first: a
+        text = text.replace(path, shown)  # checkout's path may be a prefix of the cache's
+    return text
 
 
 def render(name, stdout, python) -> str:
