@@ -204,28 +204,35 @@ def _settle(name: str, module) -> None:
     with _lock:
         if _states.get(name, State(base.DISABLED)).kind != base.PENDING:
             return
-        patch = patches()[name]
         try:
-            decision = decide(patch, module)
-        except PatchError as exc:
-            _fail(name, exc)
-            return
-        forced = name in _config.forced
-        if not decision.applies and not forced:
-            _states[name] = State(decision.verdict, decision.reason)
-        else:
-            detail = ""
-            if decision.verdict == base.UNKNOWN:
-                detail = f"cannot tell: {decision.reason}; applied to be safe"
-                log.warning("kimi-hotfix: cannot tell whether %s is needed (%s); applying it "
-                            "to be safe", name, decision.reason)
-            elif forced and not decision.applies:
-                detail = f"forced; {str(State(decision.verdict, decision.reason))}"
-            _install(name, patch, module, detail)
-            if decision.verdict == base.UNKNOWN and _config.strict:
-                raise KimiHotfixError(f"{name}: cannot tell whether it is needed: "
-                                      f"{decision.reason}")
+            _decide_and_install(name, patches()[name], module)
+        finally:  # the parsed vLLM sources served this patch only (a few MB a process)
+            recompile = sys.modules.get("kimi_hotfix.recompile")
+            if recompile is not None:
+                recompile.forget()
     _maybe_log_summary()
+
+
+def _decide_and_install(name, patch, module) -> None:
+    try:
+        decision = decide(patch, module)
+    except PatchError as exc:
+        _fail(name, exc)
+        return
+    forced = name in _config.forced
+    if not decision.applies and not forced:
+        _states[name] = State(decision.verdict, decision.reason)
+        return
+    detail = ""
+    if decision.verdict == base.UNKNOWN:
+        detail = f"cannot tell: {decision.reason}; applied to be safe"
+        log.warning("kimi-hotfix: cannot tell whether %s is needed (%s); applying it to be safe",
+                    name, decision.reason)
+    elif forced and not decision.applies:
+        detail = f"forced; {State(decision.verdict, decision.reason)}"
+    _install(name, patch, module, detail)
+    if decision.verdict == base.UNKNOWN and _config.strict:
+        raise KimiHotfixError(f"{name}: cannot tell whether it is needed: {decision.reason}")
 
 
 def _install(name, patch, module, detail="") -> None:

@@ -60,6 +60,13 @@ def _module(filename):
     return lines, ast.parse("".join(lines))
 
 
+def forget() -> None:
+    """Drop the parsed modules (a few MB per vLLM module): they serve one
+    patch's check and apply; the process keeps running for days after."""
+    _module.cache_clear()
+    _imported_names.cache_clear()
+
+
 def _statements(body):
     """Every statement of ``body`` and of the blocks nested in it (no expressions)."""
     for node in body:
