@@ -16,6 +16,8 @@ LOADED_FROM = __file__
 CHAINED = []  # origins of the sitecustomize modules chained from here
 ARMED = False
 SEARCHING = False
+# kimi_hotfix.messages.INACTIVE: the one line logged when the package cannot load
+INACTIVE = "kimi-hotfix inactive: cannot load kimi_hotfix.core (%s); vLLM runs unpatched"
 
 
 class VllmImportTrigger:
@@ -73,10 +75,13 @@ def fire():
     retire()
     try:
         from kimi_hotfix import core
-    except Exception as exc:  # a broken install must not break vLLM's import
+    except Exception as exc:  # a broken install must not break vLLM's import...
         import logging
+        import os
 
-        logging.getLogger("kimi_hotfix").warning("kimi-hotfix inactive: %r", exc)
+        logging.getLogger("kimi_hotfix").warning(INACTIVE, repr(exc))
+        if os.environ.get("KIMI_HOTFIX_STRICT", "").strip().lower() in ("1", "on", "true", "yes"):
+            raise  # ...unless strict mode asks for a hard failure
         return
     core.arm("sitecustomize")  # contains its own failures; strict mode raises
 

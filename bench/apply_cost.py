@@ -107,9 +107,9 @@ if bootstrap is not None:
         timings["arm"] += time.perf_counter() - t0
         timings["arm_imported"] = sorted(set(sys.modules) - before)
         core = sys.modules["kimi_hotfix.core"]
-        settle = core._settle
+        settle = core.settle
 
-        def timed_settle(name, module):  # the hooks look _settle up at call time
+        def timed_settle(name, module):  # the hooks look settle up at call time
             before = set(sys.modules)
             t0 = time.perf_counter()
             try:
@@ -118,7 +118,7 @@ if bootstrap is not None:
                 timings["hooks"][name] = timings["hooks"].get(name, 0.0) + time.perf_counter() - t0
                 timings["hook_imported"] += sorted(set(sys.modules) - before)
 
-        core._settle = timed_settle
+        core.settle = timed_settle
 
     bootstrap.fire = timed_fire
 for name in %(preimport)r:  # the "net" process: stdlib modules that vLLM imports anyway

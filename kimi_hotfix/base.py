@@ -4,7 +4,7 @@ Cheap to import (stdlib only; no vLLM, torch or wrapt): ``status`` uses it
 without importing vLLM. A patch module under ``kimi_hotfix/patches/`` defines one
 ``Patch`` subclass and an instance named ``PATCH``; ``kimi_hotfix.core`` runs it.
 
-States (``State.kind``), as reported by the summary line, ``status`` and ``check``:
+States (``Kind``), as reported by the summary line, ``status`` and ``check``:
 
   pending       armed; vLLM has not imported the patch's target module yet
   applied       vLLM's methods are patched in this process
@@ -17,20 +17,40 @@ States (``State.kind``), as reported by the summary line, ``status`` and ``check
 
 from __future__ import annotations
 
-import re
-import sys
-from dataclasses import dataclass, field
-from typing import Optional
+import abc
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
 
-PENDING = "pending"
-APPLIED = "applied"
-NOT_NEEDED = "not_needed"
-NOT_AFFECTED = "not_affected"
-DISABLED = "disabled"
-FAILED = "failed"
-NOT_LOADED = "not_loaded"
-KINDS = (PENDING, APPLIED, NOT_NEEDED, NOT_AFFECTED, DISABLED, FAILED, NOT_LOADED)
-UNKNOWN = "unknown"  # a Decision only: the check cannot tell (the shim applies, and warns)
+from kimi_hotfix import versions
+
+
+class _StrEnum(str, enum.Enum):
+    """A str whose text is its value, on Python 3.9 to 3.13 alike (json, f-strings)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    __format__ = str.__format__
+
+
+class Kind(_StrEnum):
+    PENDING = "pending"
+    APPLIED = "applied"
+    NOT_NEEDED = "not_needed"
+    NOT_AFFECTED = "not_affected"
+    DISABLED = "disabled"
+    FAILED = "failed"
+    NOT_LOADED = "not_loaded"
+
+
+class Verdict(_StrEnum):
+    """What a patch's check found about the loaded vLLM."""
+
+    NEEDED = "needed"
+    NOT_NEEDED = "not_needed"  # fixed upstream
+    NOT_AFFECTED = "not_affected"  # the code path does not exist
+    UNKNOWN = "unknown"  # cannot tell: the shim applies, and warns
 
 
 class KimiHotfixError(RuntimeError):
@@ -41,50 +61,79 @@ class PatchError(Exception):
     """A patch cannot apply to the installed vLLM; the message says why."""
 
 
+_TEXT = {Kind.NOT_NEEDED: "not needed: upstream fixed", Kind.NOT_AFFECTED: "not affected",
+         Kind.NOT_LOADED: "not loaded"}
+
+
 @dataclass(frozen=True)
 class State:
-    kind: str
+    """A patch's state in this process. ``failures``/``first_failure``: calls on
+    which the patch's own code failed and vLLM's code ran instead. ``undone``:
+    disabled by ``undo()`` (``reapply()`` may bring it back)."""
+
+    kind: Kind
     detail: str = ""
+    failures: int = 0
+    first_failure: str = ""
+    undone: bool = False
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown state kind {self.kind!r}")
+        object.__setattr__(self, "kind", Kind(self.kind))  # ValueError for an unknown kind
+
+    def _text(self, count: bool) -> str:
+        text = _TEXT.get(self.kind, self.kind.value)
+        if self.detail:
+            text += f": {self.detail}" if self.kind == Kind.FAILED else f" ({self.detail})"
+        if self.failures:
+            times = f" on {self.failures} call{'s' if self.failures > 1 else ''}" if count else ""
+            text += f"; its code failed{times} (first: {self.first_failure}), vLLM's own code ran"
+        return text
 
     def __str__(self) -> str:
-        text = {NOT_NEEDED: "not needed: upstream fixed", NOT_AFFECTED: "not affected",
-                NOT_LOADED: "not loaded"}.get(self.kind, self.kind)
-        if not self.detail:
-            return text
-        return f"{text}: {self.detail}" if self.kind == FAILED else f"{text} ({self.detail})"
+        return self._text(count=True)
+
+    def line_text(self) -> str:
+        """The text in the summary line: no call count, so that the line changes
+        (and is logged again) once when a wrapper first fails, not per call."""
+        return self._text(count=False)
+
+    def with_failure(self, reason: str) -> State:
+        return replace(self, failures=self.failures + 1,
+                       first_failure=self.first_failure or reason)
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind.value, "text": str(self), "failures": self.failures,
+                "first_failure": self.first_failure or None}
 
 
 @dataclass(frozen=True)
 class Decision:
-    """What a patch's check found: ``needed``, ``not_needed`` (fixed upstream),
-    ``not_affected`` (the code path does not exist) or ``unknown``."""
-
-    verdict: str
+    verdict: Verdict
     reason: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "verdict", Verdict(self.verdict))
 
     @property
     def applies(self) -> bool:
-        return self.verdict in ("needed", UNKNOWN)
+        """The shim applies the patch: needed, or it cannot tell (the safe side)."""
+        return self.verdict in (Verdict.NEEDED, Verdict.UNKNOWN)
 
 
 def needed(reason: str) -> Decision:
-    return Decision("needed", reason)
+    return Decision(Verdict.NEEDED, reason)
 
 
 def fixed(reason: str) -> Decision:
-    return Decision(NOT_NEEDED, reason)
+    return Decision(Verdict.NOT_NEEDED, reason)
 
 
 def absent(reason: str) -> Decision:
-    return Decision(NOT_AFFECTED, reason)
+    return Decision(Verdict.NOT_AFFECTED, reason)
 
 
 def cannot_tell(reason: str) -> Decision:
-    return Decision(UNKNOWN, reason)
+    return Decision(Verdict.UNKNOWN, reason)
 
 
 @dataclass
@@ -107,89 +156,66 @@ class ProbeResult:
                 "affected": self.affected, "error": self.error}
 
 
-class Patch:
+class Context(abc.ABC):
+    """What ``Patch.apply`` gets, bound to that patch (kimi_hotfix.wrapping)."""
+
+    name: str
+
+    @abc.abstractmethod
+    def wrap(self, owner: Any, attr: str, wrapper: Optional[Callable] = None, *,
+             replacement: Optional[Callable] = None) -> Any:
+        """Put ``wrapper(wrapped, instance, args, kwargs)`` (a wrapt
+        FunctionWrapper) around ``owner.attr``, or install ``replacement``."""
+
+    @abc.abstractmethod
+    def failed(self, exc: BaseException, instead: str) -> None:
+        """For the patch's own code failing at call time: counts it, logs the
+        first, says what runs ``instead``; strict mode raises."""
+
+
+class Patch(abc.ABC):
     """One hotfix. Subclass it once per module under kimi_hotfix.patches."""
 
-    name = ""
-    target = ""  # the module whose import triggers the patch
-    wraps: tuple = ()  # what it replaces inside ``target``
-    upstream = ""  # the upstream PR / issue
-    fixed_in = ""  # the first vLLM release that carries the fix ("" = none yet)
-    affects_from = ""  # the first vLLM release with the code path ("" = all)
+    name: str = ""
+    target: str = ""  # the module whose import triggers the patch
+    wraps: tuple = ()  # qualified names inside ``target`` it may replace ("Class.method")
+    wraps_note: str = ""  # prose about ``wraps`` (e.g. "and every other merge with an assert")
+    upstream: str = ""  # the upstream PR / issue
+    fixed_in: str = ""  # the first vLLM release that carries the fix ("" = none yet)
+    affects_from: str = ""  # the first vLLM release with the code path ("" = all)
     symptoms: tuple = ()  # error strings and symptoms an operator sees
-    summary = ""  # what the patch changes, one line
-    decides = ""  # how it decides it is needed, one line
-    probe_title = ""  # what the preflight probe does, one line
+    summary: str = ""  # what the patch changes, one line
+    decides: str = ""  # how it decides it is needed, one line
+    probe_title: str = ""  # what the preflight probe does, one line
+    needs_source: bool = False  # apply() recompiles vLLM's source: no source, no patch
 
     @property
     def fixed_in_text(self) -> str:
         return self.fixed_in or "not yet"
 
-    def check(self, module, optimize: int) -> Decision:
-        """Decide from the loaded ``module`` (behaviour or source, not the
-        version string) whether a process running at ``optimize`` needs it."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def check(self, module: Any, optimize: int) -> Decision:
+        """Decide from the loaded ``module`` (code structure or behaviour, never
+        the version string or text a comment could hold) whether a process
+        running at ``optimize`` needs it. PatchError: the target is missing."""
 
-    def apply(self, module, wrap) -> Optional[str]:
-        """Patch with ``wrap(owner, attr, wrapper)`` or ``wrap(owner, attr,
-        replacement=function)``; may return a note for the state."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def apply(self, module: Any, ctx: Context) -> Optional[str]:
+        """Patch with ``ctx.wrap``; may return a note for the state. All or
+        nothing: what it wrapped before raising is put back."""
 
+    @abc.abstractmethod
     def probe(self) -> ProbeResult:
         """Run the preflight probe on the installed vLLM (imports it)."""
-        raise NotImplementedError
 
-    def expect(self, version: Optional[str], optimize: int):
+    def expect(self, version: Optional[str], optimize: int) -> tuple:
         """(needed or None, text): a guess from the version string alone, for
         ``status``, which does not import vLLM. The shim decides from the code."""
         if version is None:
             return None, "vLLM not installed: nothing to patch"
-        dev = " (a dev build: the code decides)" if is_prerelease(version) else ""
-        if self.affects_from and not version_at_least(version, self.affects_from):
+        dev = " (a dev build: the code decides)" if versions.is_prerelease(version) else ""
+        if self.affects_from and not versions.at_least(version, self.affects_from):
             return False, f"not affected: vLLM {version} < {self.affects_from}{dev}"
-        if self.fixed_in and version_at_least(version, self.fixed_in):
+        if self.fixed_in and versions.at_least(version, self.fixed_in):
             return False, f"not needed: vLLM {version} >= {self.fixed_in}{dev}"
         return True, f"needed: vLLM {version} < {self.fixed_in or 'any fixed release'}{dev}"
-
-
-# -- versions ------------------------------------------------------------------
-
-_VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*)$")
-
-
-def parse_version(text):
-    """(major, minor, micro, is_prerelease) or None. 0.29.1.dev3+gabc is a
-    pre-release of 0.29.1: newer than 0.29.0, older than 0.29.1."""
-    match = _VERSION_RE.match(text or "")
-    if not match:
-        return None
-    major, minor, micro, rest = match.groups()
-    pre = bool(re.match(r"^[.\-_]?(dev|rc|a|b|alpha|beta|pre)", rest or ""))
-    return int(major), int(minor), int(micro or 0), pre
-
-
-def is_prerelease(version: str) -> bool:
-    parsed = parse_version(version)
-    return bool(parsed and parsed[3])
-
-
-def version_at_least(version: str, release: str) -> bool:
-    have, want = parse_version(version), parse_version(release)
-    if have is None or want is None:
-        return False
-    if have[:3] != want[:3]:
-        return have[:3] > want[:3]
-    return not have[3]
-
-
-def vllm_version():
-    """The loaded vLLM's version, else the installed distribution's, else None."""
-    version = getattr(sys.modules.get("vllm"), "__version__", None)
-    if isinstance(version, str) and version:
-        return version
-    try:
-        from importlib.metadata import version as dist_version
-
-        return dist_version("vllm")
-    except Exception:  # not installed, or a broken dist-info
-        return None

@@ -1,9 +1,10 @@
 """Operator commands: ``python -m kimi_hotfix status|check [--json]``.
 
 status  What the shim would do in THIS interpreter, without importing vLLM,
-        torch or wrapt (kimi_hotfix.status).
-check   The preflight (kimi_hotfix.preflight): imports the installed vLLM and runs
-        each patch's probe on the real vLLM code without and with the patch.
+        torch or wrapt (kimi_hotfix.status: the report and its renderer).
+check   The preflight (kimi_hotfix.preflight: the report and its renderer):
+        imports the installed vLLM and runs each patch's probe on the real vLLM
+        code without and with the patch.
 
 Exit status: 0 fine; 1 (check) a needed patch does not fix its probe, or the
 shim's own decision disagrees with the probe, or a probe could not run; 2 usage
@@ -17,79 +18,7 @@ import json
 import os
 import sys
 
-from kimi_hotfix import __version__
-
-# -- check ------------------------------------------------------------------
-
-
-def _parts(detail):
-    """A probe's detail as a few lines (the rest is in --json)."""
-    parts = [p for p in (detail or "").split("; ") if p]
-    return parts[:3] + [f"... {len(parts) - 3} more (see --json)"] if len(parts) > 4 else parts
-
-
-def _table(rows, out, indent="      ", head=("", "without the patch", "with the patch")):
-    """Rows of (key, without, with), wrapped into aligned columns."""
-    import textwrap
-
-    rows = [head, *rows]
-    kw = max(min(max(len(r[0]) for r in rows), 26), 1)
-    aw = min(max(len(r[1]) for r in rows), 46)
-    for key, a, b in rows:
-        ka = textwrap.wrap(key, kw) or [""]
-        ca = textwrap.wrap(a, aw) or [""]
-        cb = textwrap.wrap(b, 46) or [""]
-        for i in range(max(len(ka), len(ca), len(cb))):
-            parts = [(ka[i] if i < len(ka) else "").ljust(kw), (ca[i] if i < len(ca) else "").ljust(aw)]
-            line = f"{indent}{parts[0]}  {parts[1]}  {cb[i] if i < len(cb) else ''}"
-            out.write(line.rstrip() + "\n")
-
-
-def _side_by_side(entry, out):
-    """The probe's cases and details, without and with the patch."""
-    without, with_ = entry["without"], entry["with"]
-    a_cases, b_cases = without.get("cases") or {}, with_.get("cases") or {}
-    rows = [(key, a_cases.get(key, ""), b_cases.get(key, ""))
-            for key in dict.fromkeys([*a_cases, *b_cases])]
-    a, b = _parts(without.get("detail")), _parts(with_.get("detail"))
-    rows += [("probe" if i == 0 else "", a[i] if i < len(a) else "", b[i] if i < len(b) else "")
-             for i in range(max(len(a), len(b)))]
-    if without.get("error") or with_.get("error"):
-        rows.append(("probe error", without.get("error") or "", with_.get("error") or ""))
-    _table(rows, out)
-
-
-def _mark(result):
-    if result.get("ok") is True:
-        return "ok"
-    if result.get("error"):
-        return "ERROR"
-    return "FAIL"
-
-
-def print_check(report, out=None):
-    out = out or sys.stdout
-    w = out.write
-    py = report["python"]
-    opt = f"optimize {py['optimize']}" + (f" ({py['optimize_flag']})" if py["optimize"] else "")
-    w(f"kimi-hotfix {report['kimi_hotfix']} check: vLLM {report['vllm']}, "
-      f"python {py['version']} {opt}\n\n")
-    for p in report["patches"]:
-        w(f"  {p['name']}: {p['probe'] or 'probe'}\n")
-        w(f"      shim decided: {p['state']}\n")
-        _side_by_side(p, out)
-        w(f"      probe: without {_mark(p['without'])}, with {_mark(p['with'])}"
-          f" -> {'NEEDED' if p['needed'] else 'not needed'}"
-          f"{'' if p['affected'] else ' (not affected)'}"
-          f"{', fixed by the patch' if p['needed'] and p['fixes'] else ''}"
-          f"{', NOT fixed by the patch' if p['needed'] and not p['fixes'] else ''}\n")
-        for problem in p["problems"]:
-            w(f"      PROBLEM: {problem}\n")
-        for note in p["notes"]:
-            w(f"      note: {note}\n")
-        w("\n")
-    w(f"verdict: {report['verdict']}\n")
-
+from kimi_hotfix import __version__, versions
 
 # -- entry point ------------------------------------------------------------
 
@@ -141,7 +70,7 @@ def _run(args) -> int:
         else:
             status.print_status(report)
         return 0
-    if status._find_spec("vllm") is None:
+    if versions.find_spec("vllm") is None:
         # Not a check failure (1): there is nothing to check with this interpreter.
         message = (
             f"kimi-hotfix check: vLLM is not installed for {sys.executable}; "
@@ -157,5 +86,5 @@ def _run(args) -> int:
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     else:
-        print_check(report)
+        preflight.print_check(report)
     return report["exit_status"]

@@ -7,13 +7,16 @@ KIMI_HOTFIX_STRICT    1: a patch that should apply but cannot raises at import
 KIMI_HOTFIX_LOG_LEVEL level of the ``kimi_hotfix`` logger (default INFO)
 
 Nothing here raises: a value that cannot be parsed yields one warning that lists
-the valid values, and the default is kept.
+the valid values, and the default is kept. Warnings are (message, args) pairs of
+the catalog in kimi_hotfix.messages; ``Config.warning_texts`` renders them.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+
+from kimi_hotfix import messages
 
 TRUE = ("1", "on", "true", "yes")
 FALSE = ("0", "off", "false", "no")
@@ -29,6 +32,10 @@ class Config:
     log_level: str = "INFO"
     warnings: tuple = field(default=())
     raw: tuple = ()  # (name, value) pairs of the variables that were set
+
+    @property
+    def warning_texts(self) -> tuple:
+        return tuple(message.text % args for message, args in self.warnings)
 
 
 SHOWN = 60  # characters of a bad value quoted in a warning
@@ -51,10 +58,8 @@ def _flag(name, value, default, warnings):
         return True
     if text in FALSE:
         return False
-    warnings.append(
-        f"{name}={_shown(value)} is not understood; valid values: "
-        f"{'/'.join(TRUE)} or {'/'.join(FALSE)}; using {'on' if default else 'off'}"
-    )
+    warnings.append((messages.CONFIG_FLAG, (name, _shown(value), "/".join(TRUE), "/".join(FALSE),
+                                            "on" if default else "off")))
     return default
 
 
@@ -74,34 +79,28 @@ def _names(name, value, valid, warnings):
             unknown.append(item)
     if unknown:  # one warning per variable, however many bad names
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
-        warnings.append(
-            f"{name}: unknown patch name{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(_shown(item) for item in unknown[:3])}{more} ignored; "
-            f"valid names: {', '.join(valid)}, or *"
-        )
+        warnings.append((messages.CONFIG_NAMES, (
+            name, "s" if len(unknown) > 1 else "", ", ".join(_shown(item) for item in unknown[:3]),
+            more, ", ".join(valid))))
     return frozenset(chosen)
 
 
 def parse(valid_names, environ=None) -> Config:
     env = os.environ if environ is None else environ
-    warnings: list[str] = []
+    warnings: list = []
     valid = tuple(valid_names)
     enabled = _flag("KIMI_HOTFIX", env.get("KIMI_HOTFIX"), True, warnings)
     disabled = _names("KIMI_HOTFIX_DISABLE", env.get("KIMI_HOTFIX_DISABLE"), valid, warnings)
     forced = _names("KIMI_HOTFIX_FORCE", env.get("KIMI_HOTFIX_FORCE"), valid, warnings)
     both = sorted(disabled & forced)
     if both:
-        warnings.append(
-            f"{', '.join(both)} both disabled and forced; KIMI_HOTFIX_DISABLE wins"
-        )
+        warnings.append((messages.CONFIG_BOTH, (", ".join(both),)))
         forced = forced - disabled
     strict = _flag("KIMI_HOTFIX_STRICT", env.get("KIMI_HOTFIX_STRICT"), False, warnings)
     level = (env.get("KIMI_HOTFIX_LOG_LEVEL") or "").strip().upper() or "INFO"  # blank = unset
     if level not in LEVELS:
-        warnings.append(
-            f"KIMI_HOTFIX_LOG_LEVEL={_shown(env.get('KIMI_HOTFIX_LOG_LEVEL'))} is not a level; "
-            f"valid values: {', '.join(LEVELS)}; using INFO"
-        )
+        warnings.append((messages.CONFIG_LEVEL, (_shown(env.get("KIMI_HOTFIX_LOG_LEVEL")),
+                                                 ", ".join(LEVELS))))
         level = "INFO"
     raw = tuple(
         (k, env[k])

@@ -1,13 +1,18 @@
-"""The preflight behind ``python -m kimi_hotfix check``: imports the installed vLLM.
+"""``python -m kimi_hotfix check``: the preflight report and its renderer.
 
-For each patch it runs the patch's own probe (``Patch.probe``) on the real vLLM
-code twice, with the patch toggled off and toggled on (``core.toggled``, which
-puts back exactly what the shim had installed). A patch is *needed* when its
-probe fails without it, and *fixes* when the probe passes with it. The shim's
-own decision is reported next to the probe's, and a disagreement fails the
-check: a probe that fails without a patch the shim left out means the shim
-would let the bug through. In a plain interpreter it also asks every patch what
-it would decide under ``-O`` and names the patches that only ``-O`` needs.
+Imports the installed vLLM. For each patch it runs the patch's own probe
+(``Patch.probe``) on the real vLLM code twice, with the patch toggled off and
+toggled on (``core.toggled``, which puts back exactly what the shim had
+installed). A patch is *needed* here when its probe fails without it, or when
+its check decides it applies (a "cannot tell" counts as needed); it *fixes* when
+the probe passes with it. The shim's own decision is reported next to the
+probe's, and a disagreement fails the check: a probe that fails without a patch
+the shim left out means the shim would let the bug through.
+
+Every optimize level is reported (``levels``): the probe runs at this
+interpreter's level; for the other levels each patch's check decides what they
+would need. ``removable`` is true only when nothing is needed at any level: one
+process started with ``-O`` brings back what only ``-O`` breaks.
 
 Run it with the flags the server runs with: ``python -O -m kimi_hotfix check``
 for optimized containers. This module names no patch.
@@ -19,8 +24,12 @@ import contextlib
 import importlib
 import os
 import sys
+import textwrap
 
-from kimi_hotfix import base
+from kimi_hotfix import __version__, versions
+from kimi_hotfix.base import Kind, PatchError, ProbeResult, Verdict
+
+LEVELS = ((0, "plain"), (1, "-O"), (2, "-OO"))
 
 
 @contextlib.contextmanager
@@ -48,21 +57,23 @@ def run_probe(patch) -> dict:
     """One probe run on vLLM as installed now; never raises."""
     try:
         result = patch.probe()
-        if not isinstance(result, base.ProbeResult):
+        if not isinstance(result, ProbeResult):
             raise TypeError(f"probe returned {type(result).__name__}, not a ProbeResult")
     except Exception as exc:
-        result = base.ProbeResult(ok=None, error=f"{type(exc).__name__}: {exc}")
+        result = ProbeResult(ok=None, error=f"{type(exc).__name__}: {exc}")
     return result.as_dict()
 
 
-def _still_wrapped(core, patch) -> list:
-    """Names in ``patch.wraps`` that still carry a shim marker."""
+def _still_wrapped(patch) -> list:
+    """Names in ``patch.wraps`` (qualified names in its target) still wrapped."""
+    from kimi_hotfix import wrapping
+
     left = []
     for qualname in patch.wraps:
         obj = sys.modules.get(patch.target)
         for part in qualname.split("."):
             obj = vars(obj).get(part) if hasattr(obj, "__dict__") else None
-        if core.is_wrapped(obj):
+        if wrapping.is_wrapped(obj):
             left.append(qualname)
     return left
 
@@ -72,69 +83,97 @@ def _problems(entry, state) -> None:
     for label, result in (("without", without), ("with", with_)):
         if result.get("error"):
             problems.append(f"the probe could not run {label} the patch: {result['error']}")
+    if state.failures:
+        problems.append(f"its code failed on {state.failures} call(s) in this process "
+                        f"(first: {state.first_failure})")
+    if entry["failures_with"]:
+        problems.append(f"its code failed during the probe: {entry['failures_with']}")
     if entry["needed"] and not without.get("error"):
         if not entry["fixes"] and not with_.get("error"):
             problems.append(f"the patch does not fix it (state with it: {entry['state_with']})")
-        if state.kind in (base.NOT_NEEDED, base.NOT_AFFECTED):
+        if state.kind in (Kind.NOT_NEEDED, Kind.NOT_AFFECTED):
             problems.append(f"the probe fails without the patch but the shim decided "
                             f"'{state}': the shim would let the bug through")
-        elif state.kind == base.DISABLED:
+        elif state.kind == Kind.DISABLED:
             problems.append(f"needed but {state}: this setup hits the bug")
-        elif state.kind == base.FAILED:
+        elif state.kind == Kind.FAILED:
             problems.append(f"needed but the shim could not apply it: {state}")
-    elif not entry["needed"] and state.kind == base.APPLIED:
+    elif not entry["needed"] and state.kind == Kind.APPLIED:
         entry["notes"].append("the shim applies it although the probe passes without it")
         if not entry["fixes"] and not with_.get("error"):
             problems.append("the patch breaks what works without it")
+
+
+def _decisions(core, patch, module) -> dict:
+    """What the patch's check decides at each optimize level (label -> dict)."""
+    out = {}
+    for level, label in LEVELS:
+        if module is None:
+            out[label] = {"verdict": Verdict.UNKNOWN.value, "reason": f"{patch.target} not imported"}
+            continue
+        try:
+            decision = core.decide(patch, module, optimize=level)
+            out[label] = {"verdict": decision.verdict.value, "reason": decision.reason}
+        except PatchError as exc:  # its target is missing: it cannot apply (counts as needed)
+            out[label] = {"verdict": Verdict.UNKNOWN.value, "reason": str(exc)}
+    return out
+
+
+def _applies(decision: dict) -> bool:
+    return decision["verdict"] in (Verdict.NEEDED.value, Verdict.UNKNOWN.value)
 
 
 def check_patch(core, patch, state, import_error=None) -> dict:
     entry = {
         "name": patch.name, "target": patch.target, "upstream": patch.upstream,
         "fixed_in": patch.fixed_in, "probe": patch.probe_title,
-        "kind": state.kind, "state": str(state),  # the shim's own decision
+        "kind": state.kind.value, "state": str(state),  # the shim's own decision
+        "failures": state.failures,
         "needed": True, "fixes": False, "affected": True,
-        "without": {}, "with": {}, "state_with": None, "problems": [], "notes": [],
+        "without": {}, "with": {}, "state_with": None, "failures_with": None,
+        "decisions": {}, "problems": [], "notes": [],
     }
     if import_error:
+        entry["decisions"] = _decisions(core, patch, None)
         entry["without"] = entry["with"] = {"ok": None, "error": import_error}
         entry["problems"].append(import_error)
         return entry
     try:
-        with core.toggled(patch.name, False):
-            left = _still_wrapped(core, patch)
+        with core.toggled(patch.name, False):  # checks and probe see vLLM's own code
+            entry["decisions"] = _decisions(core, patch, sys.modules.get(patch.target))
+            left = _still_wrapped(patch)
             entry["without"] = run_probe(patch)
             if left:
                 entry["without"] = {"ok": None, "error": f"{', '.join(left)} still wrapped"}
         with core.toggled(patch.name, True) as state_with:
             entry["state_with"] = str(state_with)
             entry["with"] = run_probe(patch)
+            after = core.states()[patch.name]
+            if after.failures:
+                entry["failures_with"] = f"{after.failures} call(s), first: {after.first_failure}"
     except Exception as exc:  # core's own machinery failing: report, do not crash
         entry["problems"].append(f"preflight machinery failed: {type(exc).__name__}: {exc}")
-    without = entry["without"]
-    entry["needed"] = without.get("ok") is not True
+    entry["needed"] = entry["without"].get("ok") is not True
     entry["fixes"] = entry["with"].get("ok") is True
-    entry["affected"] = without.get("affected", True) is not False
+    entry["affected"] = entry["without"].get("affected", True) is not False
     _problems(entry, state)
     return entry
 
 
-def _under_optimize(core, results) -> list:
-    """In a plain interpreter: the patches that ``-O`` alone would make needed."""
-    out = []
-    for entry in results:
-        patch = core.patches()[entry["name"]]
-        module = sys.modules.get(patch.target)
-        if entry["needed"] or module is None:
-            continue
-        try:
-            decision = core.decide(patch, module, optimize=1)
-        except Exception as exc:
-            entry["notes"].append(f"could not tell what -O needs ({exc})")
-            continue
-        if decision.verdict == "needed":
-            entry["notes"].append(f"needed under python -O / PYTHONOPTIMIZE: {decision.reason}")
-            out.append({"name": entry["name"], "why": decision.reason})
+def _levels(results) -> dict:
+    """label -> {"needed": [{"name", "why"}]} for every optimize level: here the
+    probe or the check; elsewhere the check (cannot tell counts as needed)."""
+    here = dict(LEVELS)[min(sys.flags.optimize, 2)]
+    out = {}
+    for _, label in LEVELS:
+        needed = []
+        for entry in results:
+            decision = entry["decisions"].get(label)
+            if label == here and entry["needed"]:
+                needed.append({"name": entry["name"], "why": "its probe fails without it"})
+            elif decision and _applies(decision):
+                needed.append({"name": entry["name"], "why": decision["reason"]})
+        out[label] = {"needed": needed, "here": label == here}
     return out
 
 
@@ -143,26 +182,32 @@ def _and(names):
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def verdict(needed, problems, under_o) -> str:
+def verdict(problems, levels) -> str:
     if problems:
         return "kimi-hotfix check FAILED: " + "; ".join(problems)
+    here = next(label for label, level in levels.items() if level["here"])
+    needed = [n["name"] for n in levels[here]["needed"]]
+    elsewhere = {}
+    for label, level in levels.items():
+        for item in level["needed"]:
+            if item["name"] not in needed:
+                elsewhere.setdefault(item["name"], (label, item["why"]))
     text = (f"kimi-hotfix is needed here for {_and(needed)} and fixes "
             f"{'it' if len(needed) == 1 else 'them'}" if needed
-            else "nothing here needs kimi-hotfix: remove it")
-    extra = [u for u in under_o if u["name"] not in needed]
-    if extra:
-        names, why = _and(u["name"] for u in extra), "; ".join(u["why"] for u in extra)
-        if needed:
-            text += f"; under python -O it is also needed for {names} ({why})"
-        else:
-            text = ("nothing here needs kimi-hotfix without -O: remove it only if no process "
-                    f"runs with python -O or PYTHONOPTIMIZE, which need it for {names} ({why})")
+            else "nothing needs kimi-hotfix in this interpreter")
+    if elsewhere:
+        parts = "; ".join(f"{name} under {'python' if label == 'plain' else label} ({why})"
+                          for name, (label, why) in elsewhere.items())
+        text += f"; other optimize levels need it too: {parts}: keep it while any process " \
+                "may run that way"
+    elif not needed:
+        text = "nothing needs kimi-hotfix at any optimize level: remove it"
     return text
 
 
 def run() -> dict:
     """Arm, import vLLM's targets, probe every patch: the report ``check`` prints."""
-    from kimi_hotfix import __version__, core
+    from kimi_hotfix import core
 
     arm_error = None
     with stdout_to_stderr():
@@ -179,28 +224,106 @@ def run() -> dict:
         chosen = core.states()
         results = [check_patch(core, patch, chosen[name], import_errors.get(name))
                    for name, patch in core.patches().items()]
-        under_o = [] if sys.flags.optimize else _under_optimize(core, results)
-    needed = [r["name"] for r in results if r["needed"]]
+    levels = _levels(results)
     problems = [f"{r['name']}: {p}" for r in results for p in r["problems"]]
     if arm_error:
         problems.insert(0, f"arming failed: {arm_error}")
     level = sys.flags.optimize
+    here = next(label for label, lv in levels.items() if lv["here"])
     return {
         "kimi_hotfix": __version__,
-        "vllm": base.vllm_version(),
+        "vllm": versions.vllm_version(),
+        "vllm_distribution": versions.installed_vllm()[1],
         "python": {
             "executable": sys.executable,
             "version": sys.version.split()[0],
             "optimize": level,
-            "optimize_flag": "-" + "O" * level if level else "",
+            "optimize_flag": versions.optimize_flag(level),
             "PYTHONOPTIMIZE": os.environ.get("PYTHONOPTIMIZE"),
         },
         "armed_by": core.armed_by(),
         "patches": results,
-        "needed": needed,
-        "needed_under_O": under_o,
-        "removable": not needed and not problems,
+        "needed": [n["name"] for n in levels[here]["needed"]],
+        "levels": levels,
+        "removable": not problems and not any(lv["needed"] for lv in levels.values()),
         "problems": problems,
-        "verdict": verdict(needed, problems, under_o),
+        "verdict": verdict(problems, levels),
         "exit_status": 1 if problems else 0,
     }
+
+
+# -- the renderer -------------------------------------------------------------------
+
+
+def _parts(detail):
+    """A probe's detail as a few lines (the rest is in --json)."""
+    parts = [p for p in (detail or "").split("; ") if p]
+    return parts[:3] + [f"... {len(parts) - 3} more (see --json)"] if len(parts) > 4 else parts
+
+
+def _table(rows, out, indent="      ", head=("", "without the patch", "with the patch")):
+    """Rows of (key, without, with), wrapped into aligned columns."""
+    rows = [head, *rows]
+    kw = max(min(max(len(r[0]) for r in rows), 26), 1)
+    aw = min(max(len(r[1]) for r in rows), 46)
+    for key, a, b in rows:
+        ka = textwrap.wrap(key, kw) or [""]
+        ca = textwrap.wrap(a, aw) or [""]
+        cb = textwrap.wrap(b, 46) or [""]
+        for i in range(max(len(ka), len(ca), len(cb))):
+            parts = [(ka[i] if i < len(ka) else "").ljust(kw), (ca[i] if i < len(ca) else "").ljust(aw)]
+            line = f"{indent}{parts[0]}  {parts[1]}  {cb[i] if i < len(cb) else ''}"
+            out.write(line.rstrip() + "\n")
+
+
+def _side_by_side(entry, out):
+    """The probe's cases and details, without and with the patch."""
+    without, with_ = entry["without"], entry["with"]
+    a_cases, b_cases = without.get("cases") or {}, with_.get("cases") or {}
+    rows = [(key, a_cases.get(key, ""), b_cases.get(key, ""))
+            for key in dict.fromkeys([*a_cases, *b_cases])]
+    a, b = _parts(without.get("detail")), _parts(with_.get("detail"))
+    rows += [("probe" if i == 0 else "", a[i] if i < len(a) else "", b[i] if i < len(b) else "")
+             for i in range(max(len(a), len(b)))]
+    if without.get("error") or with_.get("error"):
+        rows.append(("probe error", without.get("error") or "", with_.get("error") or ""))
+    _table(rows, out)
+
+
+def _mark(result):
+    if result.get("ok") is True:
+        return "ok"
+    if result.get("error"):
+        return "ERROR"
+    return "FAIL"
+
+
+def print_check(report, out=None) -> None:
+    out = out or sys.stdout
+    w = out.write
+    py = report["python"]
+    opt = f"optimize {py['optimize']}" + (f" ({py['optimize_flag']})" if py["optimize"] else "")
+    w(f"kimi-hotfix {report['kimi_hotfix']} check: vLLM {report['vllm']}, "
+      f"python {py['version']} {opt}\n\n")
+    for p in report["patches"]:
+        w(f"  {p['name']}: {p['probe'] or 'probe'}\n")
+        w(f"      shim decided: {p['state']}\n")
+        _side_by_side(p, out)
+        w(f"      probe: without {_mark(p['without'])}, with {_mark(p['with'])}"
+          f" -> {'NEEDED' if p['needed'] else 'not needed'}"
+          f"{'' if p['affected'] else ' (not affected)'}"
+          f"{', fixed by the patch' if p['needed'] and p['fixes'] else ''}"
+          f"{', NOT fixed by the patch' if p['needed'] and not p['fixes'] else ''}\n")
+        levels = "   ".join(f"{label}: {d['verdict']}" for label, d in p["decisions"].items())
+        w(f"      check decides: {levels}\n")
+        for problem in p["problems"]:
+            w(f"      PROBLEM: {problem}\n")
+        for note in p["notes"]:
+            w(f"      note: {note}\n")
+        w("\n")
+    for label, level in report["levels"].items():
+        names = ", ".join(n["name"] for n in level["needed"]) or "nothing"
+        w(f"needed under {'python' if label == 'plain' else label}: {names}"
+          f"{'   (this interpreter)' if level['here'] else ''}\n")
+    w(f"removable: {'yes' if report['removable'] else 'no'}\n")
+    w(f"verdict: {report['verdict']}\n")

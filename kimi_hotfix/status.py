@@ -12,31 +12,12 @@ from __future__ import annotations
 import os
 import sys
 
-from kimi_hotfix import __version__, base
+from kimi_hotfix import __version__, versions
+from kimi_hotfix.base import Kind, State
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "kimi_hotfix"
 ALIAS = "kimi_hotfix_sitecustomize"  # the root sitecustomize.py registers itself here
-
-
-def _dist_version(name):
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-    except Exception:  # a broken dist-info must not break status
-        return None
-
-
-def _find_spec(name):
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name)  # top-level name: imports nothing
-    except (ImportError, ValueError):
-        return None
 
 
 def _wrapt_info():
@@ -72,7 +53,7 @@ def _python_info():
         "version": sys.version.split()[0],
         "implementation": sys.implementation.name,
         "optimize": level,
-        "optimize_flag": "-" + "O" * level if level else "",
+        "optimize_flag": versions.optimize_flag(level),
         "PYTHONOPTIMIZE": os.environ.get("PYTHONOPTIMIZE"),
         "no_site": bool(flags.no_site),  # -S
         "isolated": bool(flags.isolated),  # -I (implies -E, -s, -P)
@@ -165,11 +146,11 @@ def _plugin_info():
 
 def status_report() -> dict:
     """Everything ``status`` prints. Imports no vLLM, torch or wrapt."""
-    from kimi_hotfix import config, core
+    from kimi_hotfix import config, core, registry
 
     python = _python_info()
-    vllm_version = _dist_version("vllm")
-    names = core.patch_names()
+    vllm_version, vllm_dist = versions.installed_vllm()
+    names = registry.names()
     cfg = config.parse(names)
     toggles = {
         "enabled": cfg.enabled,
@@ -178,17 +159,17 @@ def status_report() -> dict:
         "strict": cfg.strict,
         "log_level": cfg.log_level,
         "set": dict(cfg.raw),
-        "warnings": list(cfg.warnings),
+        "warnings": list(cfg.warning_texts),
     }
     shim = _shim_info(python)
     plugin = _plugin_info()
     wrapt = _wrapt_info()
     patches = []
-    for name, patch in core.patches().items():
+    for name, patch in registry.patches().items():
         state = core.initial_state(name, cfg)
-        if state.kind == base.PENDING and not wrapt["installed"]:
-            state = base.State(base.FAILED, "wrapt is not installed")
-        if state.kind != base.PENDING:
+        if state.kind == Kind.PENDING and not wrapt["installed"]:
+            state = State(Kind.FAILED, "wrapt is not installed")
+        if state.kind != Kind.PENDING:
             decision = str(state)
         elif name in cfg.forced:
             decision = f"forced (KIMI_HOTFIX_FORCE): applied when vLLM imports {patch.target}"
@@ -196,8 +177,9 @@ def status_report() -> dict:
             decision = f"decided when vLLM imports {patch.target}: {patch.decides}"
         needed, why = patch.expect(vllm_version, python["optimize"])
         patches.append({
-            "name": name, "kind": state.kind, "state": str(state), "target": patch.target,
-            "wraps": list(patch.wraps), "upstream": patch.upstream, "fixed_in": patch.fixed_in,
+            "name": name, "kind": state.kind.value, "state": str(state), "target": patch.target,
+            "wraps": list(patch.wraps), "wraps_note": patch.wraps_note,
+            "upstream": patch.upstream, "fixed_in": patch.fixed_in,
             "summary": patch.summary, "symptoms": list(patch.symptoms), "decision": decision,
             "expected_needed": needed,  # an expectation from the version string only
             "expectation": why,
@@ -222,7 +204,8 @@ def status_report() -> dict:
         },
         "active": active,
         "python": python,
-        "vllm": {"installed": vllm_version is not None, "version": vllm_version},
+        "vllm": {"installed": vllm_version is not None, "version": vllm_version,
+                 "distribution": vllm_dist},
         "wrapt": wrapt,
         "toggles": toggles,
         "shim": shim,
@@ -251,7 +234,8 @@ def print_status(report, out=None):
         _wrapped(w, "  note       ", note, " " * 13)
     v = report["vllm"]
     missing = "not found" + (" (-S: site-packages is not on sys.path)" if py["no_site"] else "")
-    w(f"  vllm       {v['version'] + ' (package metadata; not imported)' if v['installed'] else missing}\n")
+    found = f"{v['version']} (distribution {v['distribution']}; package metadata, not imported)"
+    w(f"  vllm       {found if v['installed'] else missing}\n")
     wr = report["wrapt"]
     no_wrapt = "NOT found: the shim cannot wrap anything" + (" (-S)" if py["no_site"] else "")
     private = " (the bundle's private copy; the container's own wrapt is untouched)"
@@ -286,17 +270,3 @@ def _wrapped(w, first, text, indent, width=110):
 
     lines = textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent)
     w("\n".join(lines or [first]) + "\n")
-
-
-def patch_table() -> str:
-    """The README's table of what the shim fixes, from the patches' own metadata."""
-    from kimi_hotfix import core
-
-    rows = ["| what you see | patch | what it changes | upstream | fixed in |",
-            "|---|---|---|---|---|"]
-    for patch in core.patches().values():
-        seen = "<br>".join(f"`{s}`" if s.startswith(("ValueError", "AttributeError")) else s
-                           for s in patch.symptoms)
-        rows.append(f"| {seen} | `{patch.name}` | {patch.summary} | {patch.upstream} | "
-                    f"{patch.fixed_in_text} |")
-    return "\n".join(rows) + "\n"

@@ -1,85 +1,122 @@
-"""What the shim installs, and how it puts it back; and its one log handler.
+"""What the shim installs, and how it puts it back.
 
-``recorder(name, records, load_wrapt)`` returns the ``wrap`` function a patch's
-``apply`` gets: each wrapper or replacement carries ``MARKER`` (so no copy of
-the shim wraps twice) and is recorded; ``restore(records)`` puts vLLM's own
-objects back, in reverse order, where nothing else replaced them since.
+A patch's ``apply(module, ctx)`` gets a ``PatchContext`` bound to that patch:
+``ctx.wrap`` installs a wrapt ``FunctionWrapper`` (or a replacement function)
+that carries ``MARKER`` naming the patch that owns it, and records it
+(``Record``); ``ctx.failed`` reports the patch's own code failing at call time.
+
+Ownership, as ArcticInference's ``ArcticPatch`` keeps it: an attribute that
+already carries the marker of this patch is left alone (wrapped already, by this
+or another copy of the shim: never twice); one that carries another patch's
+marker is refused (``PatchError``: the patch fails, all or nothing).
+
+``uninstall``/``reinstall`` act on records and touch an attribute only where it
+still holds what the record says (something else may have re-wrapped it since);
+they return the records they could not act on.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
+import threading
 from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
-from kimi_hotfix.base import PatchError
+from kimi_hotfix.base import Context, PatchError
 
-MARKER = "_self_kimi_hotfix_patch"  # attribute on everything the shim installs
+MARKER = "_self_kimi_hotfix_patch"  # on everything the shim installs: the owning patch's name
+_install_lock = threading.Lock()  # held for one check-and-set, never around patch code
 
 
 @dataclass
 class Record:
-    owner: object
+    owner: Any
     attr: str
-    original: object  # the raw class/module __dict__ entry
-    wrapper: object
+    original: Any  # the raw class/module __dict__ entry
+    wrapper: Any
+
+    @property
+    def qualname(self) -> str:
+        return f"{getattr(self.owner, '__qualname__', self.owner)}.{self.attr}"
+
+
+def owner_of(obj) -> Optional[str]:
+    """The name of the patch that installed ``obj``, or None."""
+    name = getattr(obj, MARKER, None)
+    return name if isinstance(name, str) else None
 
 
 def is_wrapped(obj) -> bool:
-    return getattr(obj, MARKER, None) is not None
+    return owner_of(obj) is not None
 
 
-def recorder(name: str, records: list, load_wrapt):
-    def wrap(owner, attr: str, wrapper=None, *, replacement=None):
-        """Put ``wrapper(wrapped, instance, args, kwargs)`` around ``owner.attr``
-        (a ``wrapt.FunctionWrapper``), or install ``replacement``, a function
-        standing in for the original (hot paths, where a wrapper's extra frame
-        costs too much). Either is marked and recorded; the replacement's
-        ``__wrapped__`` is the original."""
+class PatchContext(Context):
+    """``Context`` for one patch: its wraps go to ``records`` (shared with the
+    core, so a fork can roll back a half-done apply); ``on_failure(name, exc,
+    instead)`` is the core's wrapper-failure report."""
+
+    def __init__(self, name: str, records: list, load_wrapt: Callable,
+                 on_failure: Callable, skipped: Optional[list] = None):
+        self.name = name
+        self.records = records
+        self.skipped = [] if skipped is None else skipped  # wrapped already by this patch
+        self._load_wrapt = load_wrapt
+        self._on_failure = on_failure
+
+    def wrap(self, owner, attr, wrapper=None, *, replacement=None):
+        if (wrapper is None) == (replacement is None):
+            raise PatchError("wrap() takes a wrapper or a replacement")
         if attr not in vars(owner):
             raise PatchError(f"{getattr(owner, '__qualname__', owner)}.{attr} is not defined there")
         original = vars(owner)[attr]
-        if getattr(original, MARKER, None) is not None:
-            return None  # wrapped already, by this or another copy of the shim
-        if (wrapper is None) == (replacement is None):
-            raise PatchError("wrap() takes a wrapper or a replacement")
         if replacement is None:
-            proxy = load_wrapt().FunctionWrapper(original, wrapper)
+            proxy = self._load_wrapt().FunctionWrapper(original, wrapper)
         else:
             proxy = replacement
             proxy.__wrapped__ = original
-        setattr(proxy, MARKER, name)
-        setattr(owner, attr, proxy)
-        records.append(Record(owner, attr, original, proxy))
+        setattr(proxy, MARKER, self.name)
+        with _install_lock:
+            if vars(owner).get(attr) is not original:
+                raise PatchError(f"{Record(owner, attr, None, None).qualname} changed while "
+                                 "being patched")
+            current = owner_of(original)
+            if current == self.name:
+                self.skipped.append(attr)
+                return None  # wrapped already, by this or another copy of the shim
+            if current is not None:
+                raise PatchError(f"{Record(owner, attr, None, None).qualname} is already "
+                                 f"patched by kimi-hotfix patch {current!r}")
+            setattr(owner, attr, proxy)
+            self.records.append(Record(owner, attr, original, proxy))
         return proxy
 
-    return wrap
+    def failed(self, exc, instead):
+        self._on_failure(self.name, exc, instead)
 
 
-def restore(records: list) -> None:
-    for rec in reversed(records):
-        if vars(rec.owner).get(rec.attr) is rec.wrapper:
-            setattr(rec.owner, rec.attr, rec.original)
-    records.clear()
+def _swap(records: list, have: str, put: str) -> list:
+    """For each record (last first): where ``owner.attr`` still holds the
+    record's ``have`` object, set its ``put`` object; return those it did not."""
+    left = []
+    with _install_lock:
+        for rec in reversed(records):
+            if vars(rec.owner).get(rec.attr) is getattr(rec, have):
+                setattr(rec.owner, rec.attr, getattr(rec, put))
+            else:
+                left.append(rec)
+    return left
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever sys.stderr is at emit time."""
-
-    def __init__(self):
-        logging.Handler.__init__(self)
-
-    @property
-    def stream(self):
-        return sys.stderr
+def uninstall(records: list) -> list:
+    """Put vLLM's own objects back; the records whose wrapper was replaced since."""
+    return _swap(records, "wrapper", "original")
 
 
-def setup_logging(log, level: str) -> None:
-    """One handler on the ``kimi_hotfix`` logger, not propagated to the host's."""
-    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s kimi-hotfix[%(process)d] %(levelname)s %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-    log.setLevel(getattr(logging, level, logging.INFO))
+def reinstall(records: list) -> list:
+    """Put the shim's objects back; the records whose original was replaced since."""
+    return _swap(records, "original", "wrapper")
+
+
+def after_fork_in_child() -> None:
+    """A forked child starts with a new lock (another thread may have held it)."""
+    global _install_lock
+    _install_lock = threading.Lock()

@@ -63,7 +63,34 @@ def json_lines(stdout: str) -> list:
 
 
 def summary_lines(stderr: str) -> list:
+    """Every summary line, in order (all processes)."""
     return [line for line in stderr.splitlines() if SUMMARY in line and " INFO " in line]
+
+
+def summary_pid(line: str) -> int:
+    return int(re.search(r"kimi-hotfix\[(\d+)\]", line).group(1))
+
+
+def summaries(stderr: str) -> dict:
+    """pid -> that process's summary lines (their message part), in order.
+    Raises where a process logged the same line twice in a row: the line is
+    logged again only when a state changes."""
+    out: dict = {}
+    for line in summary_lines(stderr):
+        text = line[line.index(SUMMARY):]
+        lines = out.setdefault(summary_pid(line), [])
+        if lines and lines[-1] == text:
+            raise AssertionError(f"the same summary line twice in a row:\n{text}")
+        lines.append(text)
+    return out
+
+
+def final_summary(stderr: str) -> str:
+    """The last summary line of the one process that logged any."""
+    found = summaries(stderr)
+    if len(found) != 1:
+        raise AssertionError(f"summary lines from {len(found)} processes, not 1:\n{stderr[-3000:]}")
+    return next(iter(found.values()))[-1]
 
 
 def warning_lines(stderr: str) -> list:

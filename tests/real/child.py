@@ -98,7 +98,7 @@ def section(name):
 
 
 def states():
-    return {name: {"kind": s.kind, "text": str(s)} for name, s in core.states().items()}
+    return {name: {"kind": s.kind.value, "text": str(s)} for name, s in core.states().items()}
 
 
 def build_kind():

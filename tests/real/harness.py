@@ -162,7 +162,27 @@ def upstream_overlay(release) -> dict:
         return _overlays[release]
 
 
-def _compute(key) -> Run:
+def cli_key(release, flags, *args):
+    """A fresh ``python [flags] -m kimi_hotfix ARGS`` in ``release``'s venv, the
+    shim on PYTHONPATH, PYTHONHASHSEED=0 (what docs/samples show)."""
+    return ("cli", release, tuple(flags), tuple(args))
+
+
+def command(release, flags, *args) -> subprocess.CompletedProcess:
+    """The output of that command (run once per session, in the pool)."""
+    return POOL.get(cli_key(release, flags, *args))
+
+
+def _compute_cli(key) -> subprocess.CompletedProcess:
+    _, release, flags, args = key
+    return subprocess.run([venv_python(release), *flags, "-m", "kimi_hotfix", *args],
+                          env=hermetic_env(PYTHONHASHSEED=0), cwd=str(REPO),
+                          capture_output=True, text=True, timeout=900)
+
+
+def _compute(key):
+    if key[0] == "cli":
+        return _compute_cli(key)
     release, name, opt, seed = key
     extra, spec = SCENARIOS[name]
     env = hermetic_env(PYTHONHASHSEED=seed, **extra)
@@ -214,7 +234,7 @@ class _Pool:
         for key in dict.fromkeys(keys):
             self._submit(key)
 
-    def get(self, key) -> Run:
+    def get(self, key):
         return self._submit(key).result()
 
     def shutdown(self):

@@ -55,7 +55,7 @@ NO_WRAPT = "ModuleNotFoundError: No module named 'wrapt'"
 # code's ``import wrapt`` gives (last: it may load a top-level wrapt).
 PROBE = f"""
 def wrapt_probe():
-    from kimi_hotfix import core
+    from kimi_hotfix import state
     private = sys.modules.get({PRIVATE!r})
     out = {{
         "top_level_modules": sorted(m for m in sys.modules if m.split(".")[0] == "wrapt"),
@@ -65,7 +65,7 @@ def wrapt_probe():
         "wrappers": {{f"{{r.owner.__name__}}.{{r.attr}}": "private FunctionWrapper"
                      if private is not None and isinstance(r.wrapper, private.FunctionWrapper)
                      else type(r.wrapper).__name__
-                     for records in core._records.values() for r in records}},
+                     for records in state.all_records().values() for r in records}},
     }}
     if private is not None:
         extension = sys.modules.get({PRIVATE!r} + "._wrappers")

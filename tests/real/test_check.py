@@ -7,7 +7,10 @@
 - the decisions per release (issue 8): 0.28.0 plain needs nothing (removable;
   RecoverSSM "not affected"), 0.28.0 -O only kv_spec_merge, 0.29.0 -O all
   three, 0.30.0 plain only kda_overlong_rows, 0.33.0 plain none;
-- without -O it names what -O alone would need, and the -O run agrees;
+- every optimize level is reported: a plain run's checks name what -O needs and
+  an -O run's what plain needs, and the two runs agree; ``removable`` only
+  where no level needs anything (never on 0.28.0 to 0.33.0: -O needs
+  kv_spec_merge everywhere);
 - ``status``'s version-based expectation matches what check finds;
 - ``--json`` is exactly one object on stdout; check leaves the states as found;
 - a check that raises is never "not needed": on 0.33.0 with a spec constructor
@@ -24,7 +27,7 @@ import subprocess
 import pytest
 
 from harness import child, reference, venv_python
-from helpers import REPO, hermetic_env, run_python, summary_lines, warning_lines
+from helpers import REPO, hermetic_env, run_python, summaries, warning_lines
 
 PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
 CHECKED = ("0.28.0", "0.29.0", "0.30.0", "0.33.0", "0.29.0-py3.12")
@@ -53,14 +56,24 @@ def test_check_finds_what_the_brief_says(release, mode):
     expected = NEEDED[(release.split("-")[0], mode)]
     assert report["needed"] == expected, report["verdict"]
     assert [p["name"] for p in report["patches"]] == list(PATCHES)
-    assert all(isinstance(p["needed"], bool) and p["kind"] for p in report["patches"])
-    assert report["removable"] is (not expected)
+    assert all(isinstance(p["needed"], bool) for p in report["patches"])
+    here = "plain" if mode == "plain" else "-O"
+    other = "-O" if mode == "plain" else "plain"
+    assert report["levels"][here]["here"] is True and report["levels"][other]["here"] is False
+    assert [n["name"] for n in report["levels"][here]["needed"]] == expected
+    assert [n["name"] for n in report["levels"][other]["needed"]] == \
+        NEEDED[(release.split("-")[0], "O" if mode == "plain" else "plain")]
+    assert [n["name"] for n in report["levels"]["-OO"]["needed"]] == \
+        [n["name"] for n in report["levels"]["-O"]["needed"]]
+    assert report["removable"] is False  # every release up to 0.33.0 needs kv_spec_merge under -O
     assert section["rc"] == report["exit_status"] == 0, report["verdict"]
     for entry in report["patches"]:
         assert entry["problems"] == [], entry
         assert entry["fixes"] is True, entry
-        assert entry["kind"] == ("applied" if entry["needed"] else entry["kind"])
-        assert entry["kind"] != "applied" or entry["needed"], entry
+        if entry["needed"]:
+            assert entry["kind"] == "applied", entry
+        else:
+            assert entry["kind"] in ("not_needed", "not_affected"), entry
     if release.startswith("0.28"):  # RecoverSSM does not exist there: not affected
         kinds = {p["name"]: p["kind"] for p in report["patches"]}
         assert kinds["capture_workspace"] == kinds["kda_overlong_rows"] == "not_affected"
@@ -89,16 +102,23 @@ def test_needed_is_what_the_unpatched_probes_show(release, mode):
             assert not entry["needed"] or any("disabled" in p for p in entry["problems"])
 
 
-def test_plain_check_names_what_O_alone_needs(release):
+def test_each_level_is_reported_and_the_runs_agree(release):
+    """A plain run decides -O's needs from the checks, an -O run plain's: each
+    agrees with what the other run's probes found."""
     plain, _ = check_report(child(release, "on", "plain"))
     optimized, _ = check_report(child(release, "on", "O"))
-    announced = [u["name"] for u in plain["needed_under_O"]]
-    assert announced == [n for n in optimized["needed"] if n not in plain["needed"]]
-    assert optimized["needed_under_O"] == []
-    if announced:
-        assert "python -O" in plain["verdict"] and all(n in plain["verdict"] for n in announced)
+
+    def names(report, label):
+        return [n["name"] for n in report["levels"][label]["needed"]]
+
+    assert names(plain, "-O") == optimized["needed"] == names(optimized, "-O")
+    assert names(optimized, "plain") == plain["needed"] == names(plain, "plain")
+    only_O = [n for n in optimized["needed"] if n not in plain["needed"]]
+    for name in only_O:
+        assert f"{name} under -O" in plain["verdict"], plain["verdict"]
     if not plain["needed"]:
-        assert plain["verdict"].startswith("nothing here needs kimi-hotfix")
+        assert plain["verdict"].startswith("nothing needs kimi-hotfix in this interpreter; "
+                                           "other optimize levels need it too")
 
 
 @pytest.mark.releases(*CHECKED)
@@ -153,7 +173,8 @@ def test_plain_probe_that_raises_applies_and_warns(release):
                      "__init__() missing 1 required argument: 'new_field'; applied to be safe)")
     warnings = warning_lines(run.stderr)
     assert len(warnings) == 1 and "cannot tell whether kv_spec_merge is needed" in warnings[0]
-    assert f"kv_spec_merge: {state}" in summary_lines(run.stderr)[0]
+    (lines,) = summaries(run.stderr).values()
+    assert any(f"kv_spec_merge: {state} |" in line for line in lines), lines
     assert run["kv"]["groupings"] == reference()["kv"]["groupings"]  # harmless where fixed
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness import venv_python
-from helpers import REPO, STANDINS, SUMMARY, hermetic_env, json_lines, run_python
+from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python, summaries
 from standins.venvs import layered_venv, site_dirs, site_packages
 
 pytestmark = pytest.mark.releases("0.29.0")
@@ -93,7 +93,11 @@ def test_vllm_plugin_loader_arms_without_pythonpath(release, installed):
     assert out["wrapped"]["MLAAttentionSpec.merge"] == {"patch": "kv_spec_merge", "layers": 1}
     assert all(v["layers"] == 1 for v in out["wrapped"].values())
     assert out["capability"] is True and out["vllm_own_merge_capability"] is False
-    assert len([line for line in stderr.splitlines() if SUMMARY in line]) == 1, stderr
+    (lines,) = summaries(stderr).values()  # armed by the plugin after the import: one line
+    assert lines[0].endswith("kv_spec_merge: applied | capture_workspace: pending | "
+                             "kda_overlong_rows: pending"), lines
+    assert lines[-1].endswith("kda_overlong_rows: not loaded (vllm.models.kimi_k3.nvidia."
+                              "kda_metadata never imported)"), lines
     # the same installed plugin with KIMI_HOTFIX=0: vLLM's -O bug reproduces
     off, _ = runs["off"]
     assert off["armed_by"] == ["vllm-plugin"] and off["wrapped"] == {}
@@ -111,7 +115,13 @@ def test_plugin_and_pythonpath_bootstrap_wrap_once(release, installed):
     assert all(v["layers"] == 1 for v in out["wrapped"].values())
     assert {k: v["patch"] for k, v in out["wrapped"].items()} == out["recorded"]
     assert out["capability"] is True
-    assert len([line for line in proc.stderr.splitlines() if SUMMARY in line]) == 1
+    (lines,) = summaries(proc.stderr).values()  # the plugin's arming added no line
+    assert [line.split("): ", 1)[1] for line in lines] == [
+        "kv_spec_merge: pending | capture_workspace: pending | kda_overlong_rows: pending",
+        "kv_spec_merge: applied | capture_workspace: pending | kda_overlong_rows: pending",
+        "kv_spec_merge: applied | capture_workspace: not loaded (vllm.v1.worker.gpu."
+        "cudagraph_utils never imported) | kda_overlong_rows: not loaded (vllm.models.kimi_k3."
+        "nvidia.kda_metadata never imported)"], lines
 
 
 def test_installed_status_command(release, installed):

@@ -27,7 +27,7 @@ from helpers import (
     hermetic_env,
     json_lines,
     run_python,
-    summary_lines,
+    summaries,
     warning_lines,
 )
 from standins.venvs import layered_venv, site_dirs
@@ -60,8 +60,10 @@ def test_optimized_python_is_patched(release, config, level):
     assert one_layer_each(wrapped["layers"], wrapped["recorded"])
     assert run["kv"]["merge"]["non_causal_multi_token_decode"] is True
     assert run["battery"]["original_capability_merge"] is False  # vLLM's own, same process
-    lines = summary_lines(run.stderr)
-    assert len(lines) == 1 and f"python -{'O' * level})" in lines[0], run.stderr
+    (lines,) = summaries(run.stderr).values()  # one process, a line per change
+    assert lines[0].endswith(" | ".join(f"{p}: pending" for p in PATCHES))
+    settled = next(line for line in lines if " | ".join(f"{p}: applied" for p in PATCHES) in line)
+    assert f"python -{'O' * level})" in settled, run.stderr
     assert warning_lines(run.stderr) == []
 
 
@@ -109,7 +111,9 @@ def test_multiprocessing_children_are_patched(tmp_path, release, method):
     assert {v["patch"] for v in kid["wrapped"].values()} == set(PATCHES)
     assert one_layer_each(kid["wrapped"], kid["recorded"])
     assert kid["capability"] is True and kid["vllm_own_merge_capability"] is False
-    assert len(summary_lines(proc.stderr)) == 1, proc.stderr
+    lines = summaries(proc.stderr)
+    assert list(lines) == [kid["pid"]], proc.stderr  # the child logged, with its own pid
+    assert lines[kid["pid"]][-1].endswith(" | ".join(f"{p}: applied" for p in PATCHES))
 
 
 THREADS = (
@@ -154,7 +158,8 @@ def test_threads_importing_vllm_at_once_wrap_once(release):
     assert out["armed_by"] == ["sitecustomize"]
     assert out["states"] == {p: "applied" for p in PATCHES}
     assert one_layer_each(out["wrapped"], out["recorded"])
-    assert len(summary_lines(proc.stderr)) == 1
+    (lines,) = summaries(proc.stderr).values()
+    assert lines[-1].endswith(" | ".join(f"{p}: applied" for p in PATCHES))
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +187,9 @@ def test_wrapt_missing_one_warning_shim_inactive_vllm_works(release, no_wrapt_py
     assert out["capability"] == out["vllm_own_merge_capability"] is False  # unpatched
     warnings = warning_lines(proc.stderr)
     assert len(warnings) == 1 and "wrapt is not installed" in warnings[0], proc.stderr
-    assert len(summary_lines(proc.stderr)) == 1
+    (lines,) = summaries(proc.stderr).values()  # failed from the start: one line
+    assert lines == [lines[0]] and lines[0].endswith(
+        " | ".join(f"{p}: failed: wrapt is not installed" for p in PATCHES))
     status = run_python(["-m", "kimi_hotfix", "status", "--json"], python=no_wrapt_python,
                         cwd=REPO).stdout
     assert '"active": "INACTIVE: wrapt is not installed' in status
@@ -204,8 +211,10 @@ def test_disable_star_leaves_vllm_unwrapped(release):
     assert out["wrapped"] == {} and out["recorded"] == {}
     assert set(out["states"].values()) == {"disabled (KIMI_HOTFIX_DISABLE)"}
     assert out["capability"] is False and out["vllm_own_merge_capability"] is False
-    lines = summary_lines(proc.stderr)
-    assert len(lines) == 1 and "disabled" in lines[0] and warning_lines(proc.stderr) == []
+    (lines,) = summaries(proc.stderr).values()
+    assert lines == [lines[0]] and lines[0].endswith(
+        " | ".join(f"{p}: disabled (KIMI_HOTFIX_DISABLE)" for p in PATCHES))
+    assert warning_lines(proc.stderr) == []
 
 
 @pytest.mark.releases("0.29.0")
@@ -221,7 +230,8 @@ def test_garbage_everywhere_with_real_vllm(release):
     assert len(warnings) == len(TOGGLES), proc.stderr[:3000]
     for var, warning in zip(TOGGLES, warnings):
         assert f"{var}=" in warning or f"{var}:" in warning
-    assert len(summary_lines(proc.stderr)) == 1  # INFO level kept
+    (lines,) = summaries(proc.stderr).values()  # INFO level kept
+    assert "kv_spec_merge: applied" in lines[-1]
 
 
 @pytest.mark.releases("0.29.0")

@@ -17,7 +17,7 @@ JSON_MARK = "KIMI_JSON:"
 
 def wrapped_layers(module):
     """{"Class.attr": {"patch": name, "layers": n}} for marked attributes."""
-    from kimi_hotfix import core
+    from kimi_hotfix.wrapping import MARKER
 
     found = {}
     for cname, cls in sorted(vars(module).items()):
@@ -25,19 +25,21 @@ def wrapped_layers(module):
             continue
         for attr, value in list(vars(cls).items()):
             layers, obj = 0, value
-            while getattr(obj, core.MARKER, None) is not None:
+            while getattr(obj, MARKER, None) is not None:
                 layers += 1
                 obj = obj.__wrapped__
             if layers:
-                found[f"{cname}.{attr}"] = {"patch": getattr(value, core.MARKER), "layers": layers}
+                found[f"{cname}.{attr}"] = {"patch": getattr(value, MARKER), "layers": layers}
     return found
 
 
-def recorded(core):
-    """{"Class.attr": patch} from the core's own undo records."""
+def recorded(core=None):
+    """{"Class.attr": patch} from the shim's own undo records."""
+    from kimi_hotfix import state
+
     return {
         f"{rec.owner.__name__}.{rec.attr}": name
-        for name, recs in core._records.items()
+        for name, recs in state.all_records().items()
         for rec in recs
     }
 

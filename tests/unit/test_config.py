@@ -18,7 +18,7 @@ def parse(**env):
 
 def test_defaults():
     cfg = parse()
-    assert (cfg.enabled, cfg.disabled, cfg.forced, cfg.strict, cfg.log_level, cfg.warnings) == (
+    assert (cfg.enabled, cfg.disabled, cfg.forced, cfg.strict, cfg.log_level, cfg.warning_texts) == (
         True, frozenset(), frozenset(), False, "INFO", ())
 
 
@@ -30,14 +30,14 @@ def test_master_switch_off(value):
 @pytest.mark.parametrize("value", ["1", "on", "true", "yes", "", "  ", "TRUE"])
 def test_master_switch_on(value):
     cfg = parse(KIMI_HOTFIX=value)
-    assert cfg.enabled is True and cfg.warnings == ()
+    assert cfg.enabled is True and cfg.warning_texts == ()
 
 
 def test_lists_and_star():
     cfg = parse(KIMI_HOTFIX_DISABLE=" kv_spec_merge , ,capture_workspace",
                 KIMI_HOTFIX_FORCE="kda_overlong_rows")
     assert cfg.disabled == {"kv_spec_merge", "capture_workspace"}
-    assert cfg.forced == {"kda_overlong_rows"} and cfg.warnings == ()
+    assert cfg.forced == {"kda_overlong_rows"} and cfg.warning_texts == ()
     assert parse(KIMI_HOTFIX_DISABLE="*").disabled == set(NAMES)
     assert parse(KIMI_HOTFIX_FORCE="*").forced == set(NAMES)
 
@@ -45,13 +45,13 @@ def test_lists_and_star():
 def test_disable_wins_over_force():
     cfg = parse(KIMI_HOTFIX_DISABLE="kv_spec_merge", KIMI_HOTFIX_FORCE="*")
     assert cfg.forced == {"capture_workspace", "kda_overlong_rows"}
-    assert cfg.warnings == ("kv_spec_merge both disabled and forced; KIMI_HOTFIX_DISABLE wins",)
+    assert cfg.warning_texts == ("kv_spec_merge both disabled and forced; KIMI_HOTFIX_DISABLE wins",)
 
 
 def test_unknown_names_one_warning_per_variable():
     cfg = parse(KIMI_HOTFIX_DISABLE=",".join(f"bad{i}" for i in range(10)) + ",kv_spec_merge")
     assert cfg.disabled == {"kv_spec_merge"}
-    (warning,) = cfg.warnings
+    (warning,) = cfg.warning_texts
     assert warning == ("KIMI_HOTFIX_DISABLE: unknown patch names 'bad0', 'bad1', 'bad2' and 7 "
                        "more ignored; valid names: kv_spec_merge, capture_workspace, "
                        "kda_overlong_rows, or *")
@@ -60,7 +60,7 @@ def test_unknown_names_one_warning_per_variable():
 def test_bad_values_keep_the_default_and_say_the_valid_ones():
     cfg = parse(KIMI_HOTFIX="maybe", KIMI_HOTFIX_STRICT="2", KIMI_HOTFIX_LOG_LEVEL="loud")
     assert (cfg.enabled, cfg.strict, cfg.log_level) == (True, False, "INFO")
-    assert cfg.warnings == (
+    assert cfg.warning_texts == (
         "KIMI_HOTFIX='maybe' is not understood; valid values: 1/on/true/yes or 0/off/false/no; "
         "using on",
         "KIMI_HOTFIX_STRICT='2' is not understood; valid values: 1/on/true/yes or "
@@ -71,7 +71,7 @@ def test_bad_values_keep_the_default_and_say_the_valid_ones():
 
 
 def test_a_long_value_is_quoted_short():
-    (warning,) = parse(KIMI_HOTFIX="x" * 100_000).warnings
+    (warning,) = parse(KIMI_HOTFIX="x" * 100_000).warning_texts
     assert len(warning) < 200 and warning.startswith("KIMI_HOTFIX='xxxx")
     assert "... (100000 characters)" in warning
 

@@ -24,13 +24,14 @@ from helpers import (
     REPO,
     STANDINS,
     TOGGLES,
+    final_summary,
     hermetic_env,
     json_lines,
     run_python,
-    summary_lines,
     warning_lines,
 )
 
+PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
 TARGETS = ("vllm.v1.kv_cache_interface", "vllm.v1.worker.gpu.cudagraph_utils",
            "vllm.models.kimi_k3.nvidia.kda_metadata")
 PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
@@ -104,7 +105,8 @@ def test_wrapt_missing_one_warning_shim_inactive_host_runs(no_wrapt_python):
     assert set(out["states"].values()) == {"failed: wrapt is not installed"}
     warnings = warning_lines(proc.stderr)
     assert len(warnings) == 1 and "wrapt is not installed" in warnings[0], proc.stderr
-    assert len(summary_lines(proc.stderr)) == 1
+    assert final_summary(proc.stderr).endswith(
+        " | ".join(f"{p}: failed: wrapt is not installed" for p in PATCHES))
     status = json.loads(run_python(["-m", "kimi_hotfix", "status", "--json"],
                                    python=no_wrapt_python, env=env).stdout)
     assert status["wrapt"]["installed"] is False
@@ -172,7 +174,8 @@ def test_target_symbol_missing_warns_skips_host_runs():
     }
     warnings = warning_lines(proc.stderr)
     assert len(warnings) == 3 and all("could not apply" in w for w in warnings), proc.stderr
-    assert len(summary_lines(proc.stderr)) == 1
+    assert final_summary(proc.stderr).endswith(
+        " | ".join(f"{name}: {text}" for name, text in out["states"].items()))
 
 
 def test_target_symbol_missing_strict_raises_at_import():

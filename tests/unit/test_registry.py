@@ -1,5 +1,6 @@
-"""One patch, one module: the registry, the patch modules' headers, and the one
-source of patch metadata (the README's table is generated from it)."""
+"""One patch, one module: the registry, the patch modules' headers, the one
+source of patch metadata and of log lines (the README's tables are generated
+from them), and the package's structure rules."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 
 import pytest
 
-from kimi_hotfix import base, core, status
+from kimi_hotfix import base, core, docs, messages
 from kimi_hotfix.patches import PATCH_MODULES
 
 from helpers import REPO
@@ -19,8 +20,8 @@ HEADER = ("Why:", "What it changes:", "Upstream:", "Needed when")
 
 def test_registry_lists_every_patch_module_once():
     on_disk = sorted(p.name for p in (PACKAGE / "patches").iterdir()
-                     if p.is_dir() and (p / "__init__.py").exists()
-                     or p.suffix == ".py" and p.name != "__init__.py")
+                     if not p.name.startswith("_") and (
+                         p.is_dir() and (p / "__init__.py").exists() or p.suffix == ".py"))
     assert sorted(PATCH_MODULES) == sorted(n[:-3] if n.endswith(".py") else n for n in on_disk)
     assert list(core.patch_names()) == list(PATCH_MODULES)
 
@@ -49,7 +50,75 @@ def test_each_patch_module_documents_itself(name):
     for attr in ("target", "upstream", "summary", "decides", "probe_title"):
         assert getattr(patch, attr), f"{name}.{attr} is empty"
     assert patch.wraps and patch.symptoms
+    for qualname in patch.wraps:  # machine-readable: preflight walks them in the target
+        assert re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", qualname), qualname
     assert patch.fixed_in in doc and patch.upstream.split()[0] in doc
+
+
+def _imports(path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            yield from ((node.module or "") + "." + a.name for a in node.names)
+
+
+def test_no_patch_imports_core():
+    """A patch gets what it needs through ``apply(module, ctx)``."""
+    found = [f"{p.relative_to(REPO)}: {name}" for p in (PACKAGE / "patches").rglob("*.py")
+             for name in _imports(p) if name.startswith(("kimi_hotfix.core", "kimi_hotfix.state"))]
+    assert found == []
+
+
+def test_patch_is_an_abstract_base_class():
+    with pytest.raises(TypeError):
+        base.Patch()
+
+    class NoProbe(base.Patch):
+        def check(self, module, optimize):
+            return base.needed("x")
+
+        def apply(self, module, ctx):
+            return None
+
+    with pytest.raises(TypeError, match="probe"):
+        NoProbe()
+
+
+LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "log"}
+
+
+def test_the_package_logs_only_through_the_catalog():
+    """Every line the shim can log is in kimi_hotfix.messages (and so in the
+    README's troubleshooting table): no other logging call in the package."""
+    found = []
+    for path in [*PACKAGE.rglob("*.py"), REPO / "sitecustomize.py"]:
+        if path.name == "messages.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in LOG_METHODS and not (
+                        path.name == "sitecustomize.py" and ast.unparse(node.args[0]) == "INACTIVE")):
+                receiver = ast.unparse(node.func.value)
+                if "log" in receiver.lower():
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert found == []
+
+
+def test_every_catalog_message_is_used():
+    used = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py") if p.name != "messages.py")
+    names = [n for n, v in vars(messages).items() if isinstance(v, messages.Message)]
+    assert sorted(names) == sorted(n for n in names if vars(messages)[n] in messages.CATALOG)
+    unused = [n for n in names if n != "INACTIVE" and f"messages.{n}" not in used]
+    assert unused == []
+
+
+def test_the_bootstrap_logs_the_catalogs_inactive_line():
+    tree = ast.parse((REPO / "sitecustomize.py").read_text())
+    (value,) = [n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                and [ast.unparse(t) for t in n.targets] == ["INACTIVE"]]
+    assert value == messages.INACTIVE.text
 
 
 def test_no_assert_in_the_package():
@@ -59,8 +128,10 @@ def test_no_assert_in_the_package():
     assert found == []
 
 
-def test_readme_patch_table_is_generated_from_the_patches():
+def test_readme_tables_are_generated():
     readme = (REPO / "README.md").read_text()
-    match = re.search(r"<!-- patch-table -->\n(.*?)<!-- /patch-table -->", readme, re.S)
-    assert match, "README.md lacks the generated patch table markers"
-    assert match.group(1) == status.patch_table(), "run: scripts/docs (regenerates it)"
+    for marker in docs.TABLES:
+        assert f"<!-- {marker} -->" in readme and f"<!-- /{marker} -->" in readme, marker
+    assert docs.render(readme) == readme, "run: scripts/docs --table (regenerates them)"
+    for message in messages.CATALOG:  # the troubleshooting table lists every line
+        assert message.shown.replace("|", "\\|") in readme, message.shown

@@ -1,50 +1,38 @@
 """The state logic of kimi_hotfix.core, with stand-in patches (no vLLM).
 
-A child interpreter replaces the registry with small patches whose checks
-return each kind of decision (or raise), arms, imports their stand-in target
-modules and reports what the shim decided, logged and left installed:
+A child interpreter replaces the registry with small patches
+(tests/standins/fakes.py) whose checks return each kind of decision (or raise),
+arms, imports their stand-in target modules and reports what the shim decided,
+logged and left installed:
 - needed -> applied; fixed -> not_needed; absent -> not_affected (nothing
   installed); forced over fixed -> applied (forced; ...);
 - a check that cannot tell, or raises, applies (the safe side) and warns once;
   strict mode raises; a PatchError from the check (its target missing) fails;
+- cannot tell and cannot apply: one warning that says both, and `failed`;
 - apply is all or nothing: a failure half-way puts back what it had wrapped;
 - ``toggled`` puts back exactly what was installed, and the state;
-- a target never imported ends "not_loaded" in the summary line at exit;
-- a wrapper failure is logged once, naming what runs instead; strict raises.
+- the summary line is logged when armed and again at each change; at exit a
+  target never imported ends "not_loaded";
+- a wrapper failure is counted in the state, logged once, says what runs
+  instead; strict raises.
 Plus the texts of the state kinds and the decisions.
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
 from kimi_hotfix import base
 
-from helpers import REPO, hermetic_env, json_lines, run_python, summary_lines, warning_lines
+from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python, summaries, warning_lines
 
-CHILD = r'''
-import json, sys
-from kimi_hotfix import base, core
-
-class Fake(base.Patch):
-    def __init__(self, name, decision=None, raises=None, apply_fails=False):
-        self.name, self.target = name, "standin_" + name
-        self.decision, self.raises, self.apply_fails = decision, raises, apply_fails
-    def check(self, module, optimize):
-        if self.raises:
-            raise self.raises
-        return self.decision
-    def apply(self, module, wrap):
-        wrap(module.Thing, "first", lambda wrapped, instance, args, kwargs: "patched")
-        if self.apply_fails:
-            raise RuntimeError("second step failed")
-        wrap(module.Thing, "second", replacement=lambda self: "replaced")
-    def probe(self):
-        return base.ProbeResult(ok=True)
-
+PRELUDE = f"import sys\nsys.path.append({str(STANDINS)!r})\nimport fakes\nfrom fakes import Fake\n" \
+          "from kimi_hotfix import base, core, state\n"
+NAMES = ("needed", "fixed", "absent", "unknown", "raises", "missing", "halfway", "forced",
+         "unsure_broken", "never")
+CHILD = PRELUDE + r'''
 PATCHES = [
     Fake("needed", base.needed("the bug is there")),
     Fake("fixed", base.fixed("upstream does it")),
@@ -54,41 +42,38 @@ PATCHES = [
     Fake("missing", raises=base.PatchError("Thing.first not found")),
     Fake("halfway", base.needed("the bug is there"), apply_fails=True),
     Fake("forced", base.fixed("upstream does it")),
+    Fake("unsure_broken", base.cannot_tell("no source"), apply_fails=True),
     Fake("never", base.needed("never imported")),
 ]
-core._patches.update((p.name, p) for p in PATCHES)
+fakes.register(*PATCHES)
 core.arm("test")
 import importlib
 for p in PATCHES[:-1]:
     importlib.import_module(p.target)
 
-def installed(name):
-    thing = sys.modules["standin_" + name].Thing
-    return [a for a in ("first", "second") if core.is_wrapped(vars(thing)[a])]
-
-out = {"states": {n: [s.kind, str(s)] for n, s in core.states().items()},
-       "installed": {p.name: installed(p.name) for p in PATCHES[:-1]}}
+out = {"states": fakes.states(),
+       "installed": {p.name: fakes.installed(p.target) for p in PATCHES[:-1]}}
 thing = sys.modules["standin_needed"].Thing
 before = (vars(thing)["first"], vars(thing)["second"])
-with core.toggled("needed", False) as state:
-    out["toggled_off"] = [str(state), installed("needed"), thing().first()]
+with core.toggled("needed", False) as st:
+    out["toggled_off"] = [str(st), fakes.installed("standin_needed"), thing().first()]
 out["after_off_identical"] = (vars(thing)["first"], vars(thing)["second"]) == before
-with core.toggled("fixed", True) as state:
-    out["toggled_on"] = [str(state), installed("fixed"), sys.modules["standin_fixed"].Thing().first()]
-out["after_on"] = [str(core.states()["fixed"]), installed("fixed")]
-print("KIMI_JSON:" + json.dumps(out), flush=True)
+with core.toggled("fixed", True) as st:
+    out["toggled_on"] = [str(st), fakes.installed("standin_fixed"),
+                         sys.modules["standin_fixed"].Thing().first()]
+out["after_on"] = [str(core.states()["fixed"]), fakes.installed("standin_fixed")]
+fakes.emit(out)
 '''
 
-MODULE = ("class Thing:\n    def first(self):\n        return 'original'\n"
-          "    def second(self):\n        return 'original'\n")
 
-
-def run(tmp_path, **env):
-    for name in ("needed", "fixed", "absent", "unknown", "raises", "missing", "halfway", "forced"):
-        (tmp_path / f"standin_{name}.py").write_text(MODULE)
-    environ = hermetic_env(KIMI_HOTFIX_FORCE="forced", **env)
+def run(tmp_path, code=CHILD, names=NAMES, **env):
+    for name in names:
+        (tmp_path / f"standin_{name}.py").write_text(
+            "class Thing:\n    def first(self):\n        return 'original'\n"
+            "    def second(self):\n        return 'original'\n")
+    environ = hermetic_env(KIMI_HOTFIX_FORCE="forced" if "forced" in names else None, **env)
     environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(tmp_path)])
-    return run_python(["-c", CHILD], env=environ, check=False)
+    return run_python(["-c", code], env=environ, check=False)
 
 
 def test_each_decision_becomes_its_state(tmp_path):
@@ -106,21 +91,30 @@ def test_each_decision_becomes_its_state(tmp_path):
         "missing": ("failed", "failed: Thing.first not found"),
         "halfway": ("failed", "failed: RuntimeError: second step failed"),
         "forced": ("applied", "applied (forced; not needed: upstream fixed (upstream does it))"),
+        "unsure_broken": ("failed", "failed: cannot tell whether it is needed (no source) and "
+                                    "cannot apply (RuntimeError: second step failed)"),
         "never": ("pending", "pending"),  # until the process ends: see the summary line
     }
     installed = out["installed"]
     assert installed["needed"] == installed["unknown"] == installed["forced"] == ["first", "second"]
     assert installed["fixed"] == installed["absent"] == installed["missing"] == []
-    assert installed["halfway"] == []  # all or nothing
-    warnings = warning_lines(proc.stderr)
-    assert [w.split(" WARNING ")[1].split(" (")[0] for w in warnings] == [
+    assert installed["halfway"] == installed["unsure_broken"] == []  # all or nothing
+    warnings = [w.split(" WARNING ")[1] for w in warning_lines(proc.stderr)]
+    assert [w.split(" (")[0] for w in warnings] == [
         "kimi-hotfix: cannot tell whether unknown is needed",
         "kimi-hotfix: cannot tell whether raises is needed",
         "kimi-hotfix: missing could not apply",
         "kimi-hotfix: halfway could not apply",
+        "kimi-hotfix: cannot tell whether unsure_broken is needed",
     ]
-    lines = summary_lines(proc.stderr)
-    assert len(lines) == 1 and "never: not loaded (standin_never never imported)" in lines[0]
+    # one line says both halves, truthfully: no "applied to be safe" for it
+    assert warnings[-1] == ("kimi-hotfix: cannot tell whether unsure_broken is needed (no source), "
+                            "and it cannot apply (RuntimeError: second step failed); vLLM unchanged")
+    (lines,) = summaries(proc.stderr).values()
+    assert "needed: pending" in lines[0]  # armed: everything pending
+    assert len(lines) == 1 + (len(NAMES) - 1) + 1  # armed, one per settled patch, at exit
+    assert lines[-1].endswith("never: not loaded (standin_never never imported)")
+    assert "unsure_broken: failed: cannot tell" in lines[-1]
 
 
 def test_toggled_puts_back_exactly_what_was_there(tmp_path):
@@ -136,31 +130,48 @@ def test_strict_mode_raises_when_a_check_cannot_tell(tmp_path):
     assert proc.returncode == 1
     assert ("kimi_hotfix.base.KimiHotfixError: unknown: cannot tell whether it is needed: "
             "no source") in proc.stderr
+    # the state was recorded before the raise: the exit line says what happened
+    assert "unknown: applied (cannot tell: no source; applied to be safe)" in \
+        list(summaries(proc.stderr).values())[0][-1]
 
 
-WRAPPER = r'''
-from kimi_hotfix import core
+WRAPPER = PRELUDE + r'''
+patch = Fake("some_patch", base.needed("x"), attrs=("first",))
+fakes.register(patch)
 core.arm("test")
+import standin_some_patch
 for i in range(3):
     try:
-        core.wrapper_failed("some_patch", RuntimeError(f"boom {i}"), "vLLM's own code runs")
+        patch.ctx.failed(RuntimeError(f"boom {i}"), "vLLM's own code runs")
         print("contained")
-    except core.KimiHotfixError as exc:
+    except base.KimiHotfixError as exc:
         print("raised", exc)
+st = core.states()["some_patch"]
+fakes.emit({"kind": st.kind.value, "text": str(st), "failures": st.failures,
+            "first": st.first_failure})
 '''
 
 
 @pytest.mark.parametrize("strict", [False, True])
-def test_wrapper_failure_logged_once_with_what_runs_instead(strict):
-    proc = run_python(["-c", WRAPPER], env=hermetic_env(KIMI_HOTFIX_STRICT="1" if strict else None))
+def test_wrapper_failure_counted_logged_once_with_what_runs_instead(tmp_path, strict):
+    proc = run(tmp_path, WRAPPER, names=["some_patch"], KIMI_HOTFIX_STRICT="1" if strict else None)
+    assert proc.returncode == 0, proc.stderr
     if strict:
-        assert proc.stdout.splitlines() == [f"raised some_patch wrapper failed: boom {i}"
-                                            for i in range(3)]
+        assert proc.stdout.splitlines()[:3] == [f"raised some_patch wrapper failed: boom {i}"
+                                                for i in range(3)]
     else:
-        assert proc.stdout.splitlines() == ["contained"] * 3
+        assert proc.stdout.splitlines()[:3] == ["contained"] * 3
+    out = json_lines(proc.stdout)[0]
+    assert out == {"kind": "applied", "failures": 3, "first": "RuntimeError: boom 0",
+                   "text": "applied; its code failed on 3 calls (first: RuntimeError: boom 0), "
+                           "vLLM's own code ran"}
     warnings = warning_lines(proc.stderr)
     assert len(warnings) == 1
     assert "some_patch wrapper failed (RuntimeError: boom 0); vLLM's own code runs" in warnings[0]
+    (lines,) = summaries(proc.stderr).values()  # logged again once, not per failure
+    assert [line.split("): ", 1)[1] for line in lines] == [
+        "some_patch: pending", "some_patch: applied",
+        "some_patch: applied; its code failed (first: RuntimeError: boom 0), vLLM's own code ran"]
 
 
 @pytest.mark.parametrize("kind, detail, text", [
@@ -174,16 +185,25 @@ def test_wrapper_failure_logged_once_with_what_runs_instead(strict):
     ("not_loaded", "x never imported", "not loaded (x never imported)"),
 ])
 def test_state_texts(kind, detail, text):
-    assert str(base.State(kind, detail)) == text
-    assert base.State(kind, detail).kind in base.KINDS
+    state = base.State(kind, detail)
+    assert str(state) == text and state.line_text() == text
+    assert state.kind is base.Kind(kind) and f"{state.kind}" == kind  # an Enum that prints its value
+    failing = state.with_failure("E: x").with_failure("E: y")
+    assert (failing.failures, failing.first_failure) == (2, "E: x")
+    assert str(failing) == text + "; its code failed on 2 calls (first: E: x), vLLM's own code ran"
+    assert failing.line_text() == text + "; its code failed (first: E: x), vLLM's own code ran"
 
 
 def test_unknown_state_kind_raises():
     with pytest.raises(ValueError):
         base.State("undone")
+    with pytest.raises(ValueError):
+        base.Decision("maybe", "x")
 
 
 def test_decisions():
-    assert [d.applies for d in (base.needed("a"), base.fixed("b"), base.absent("c"),
-                                base.cannot_tell("d"))] == [True, False, False, True]
-    assert json.dumps(base.ProbeResult(ok=True, cases={"a": "b"}).as_dict())
+    decisions = (base.needed("a"), base.fixed("b"), base.absent("c"), base.cannot_tell("d"))
+    assert [d.applies for d in decisions] == [True, False, False, True]
+    assert [d.verdict for d in decisions] == list(base.Verdict)
+    assert base.ProbeResult(ok=False, cases={"a": "b"}, error="e").as_dict() == {
+        "ok": False, "detail": "", "cases": {"a": "b"}, "affected": True, "error": "e"}

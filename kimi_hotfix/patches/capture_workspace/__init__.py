@@ -16,44 +16,59 @@ only the sizes that fit in ``max_num_reqs * decode_query_len``. No mixed-mode
 descriptor above the workspace is planned; larger batches run eagerly, as
 upstream does. Uniform and varlen decode descriptors were already bounded by the
 same limit, so the plan (``_capture_descs`` and ``_candidates``) equals the one
-vLLM 0.30.0 builds. The view lives only for that call: the shared
-``CompilationConfig`` (also read by the speculator's manager) is never modified.
-With RecoverSSM off the call is passed through untouched.
+vLLM 0.30.0 builds. The view lives only for that call and takes any write
+itself: the shared ``CompilationConfig`` (also read by the speculator's manager)
+is never modified. With RecoverSSM off the call is passed through untouched.
+Everything the wrapper does runs inside its containment: if building the view,
+swapping it in, or the call under it fails, the manager's plan is rebuilt by
+vLLM's own ``_init_candidates`` on the shared config (its original behaviour,
+its own exceptions included) and the failure is counted and logged once.
 
 Upstream: vllm-project/vllm PR #55774, released in 0.30.0.
 
 Needed when (``check``): the installed vLLM has RecoverSSM
-(``CacheConfig.use_kda_recoverssm``) and its ``_init_candidates`` does not consult
-it (source check). Not affected where RecoverSSM does not exist (0.28.0); not
-needed once ``_init_candidates`` bounds the mixed captures itself (0.30.0). Where
-the source is unavailable it cannot tell: the shim applies it and warns (with
-RecoverSSM off the wrapper passes every call through).
+(``CacheConfig.use_kda_recoverssm``, a dataclass field) and its
+``_init_candidates`` does not bound the mixed captures by it. Decided from the
+method's code structure (its AST), never from text: "fixed" needs an ``if``
+that reads ``<...>.use_kda_recoverssm`` as code, compares a size (``<=``/``<``)
+in its test or body, and plans rather than raises (no ``raise`` in its body).
+A comment, a docstring or a check that raises does not count. Any other form
+reads as needed, which is harmless: applied to a vLLM that bounds the captures
+itself, the plan is the same. Not affected where RecoverSSM does not exist
+(0.28.0); not needed once ``_init_candidates`` bounds the mixed captures itself
+(0.30.0). Where the source is unavailable it cannot tell: the shim applies it
+and warns (with RecoverSSM off the wrapper passes every call through).
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
+import ast
 
-from kimi_hotfix import base, core
+from kimi_hotfix import base, recompile
 
 FIELD = "use_kda_recoverssm"
+INSTEAD = "vLLM's own capture plan is used"
 
 
 class ClampedCompilationConfig:
-    """Read-only view of a CompilationConfig with capture sizes clamped."""
+    """A view of a CompilationConfig with the capture sizes clamped. Reads go
+    to the shared config except for what the view holds; writes stay in the
+    view (the shared config is never written)."""
 
-    __slots__ = ("_config", "cudagraph_capture_sizes")
+    __slots__ = ("_config", "_own")
 
     def __init__(self, config, sizes):
         object.__setattr__(self, "_config", config)
-        object.__setattr__(self, "cudagraph_capture_sizes", sizes)
+        object.__setattr__(self, "_own", {"cudagraph_capture_sizes": sizes})
 
     def __getattr__(self, name):
-        return getattr(self._config, name)
+        own = object.__getattribute__(self, "_own")
+        if name in own:
+            return own[name]
+        return getattr(object.__getattribute__(self, "_config"), name)
 
     def __setattr__(self, name, value):
-        setattr(self._config, name, value)
+        object.__getattribute__(self, "_own")[name] = value
 
 
 def workspace_tokens(manager) -> int:
@@ -76,20 +91,63 @@ def clamped_view(manager):
     return ClampedCompilationConfig(config, kept)
 
 
-def init_candidates_wrapper(wrapped, instance, args, kwargs):
-    try:
-        view = clamped_view(instance)
-    except Exception as exc:
-        core.wrapper_failed(PATCH.name, exc, "vLLM's own capture plan is used")
-        view = None
-    if view is None:
+def make_wrapper(ctx):
+    def init_candidates_wrapper(wrapped, instance, args, kwargs):
+        try:
+            view = clamped_view(instance)
+        except Exception as exc:
+            ctx.failed(exc, INSTEAD)  # strict mode raises here
+            view = None
+        if view is None:
+            return wrapped(*args, **kwargs)
+        try:
+            shared = instance.compilation_config
+            instance.compilation_config = view
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                instance.compilation_config = shared
+        except Exception as exc:  # the swap, or the call under the view
+            failure = exc
+        _reset_plan(instance)
+        ctx.failed(failure, INSTEAD)
         return wrapped(*args, **kwargs)
-    shared = instance.compilation_config
-    instance.compilation_config = view
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        instance.compilation_config = shared
+
+    return init_candidates_wrapper
+
+
+def _reset_plan(manager) -> None:
+    """Empty the tables a failed call may have half-filled (it extends them)."""
+    for name in ("_capture_descs", "_candidates"):
+        table = vars(manager).get(name)
+        if isinstance(table, dict):
+            table.clear()
+
+
+def _reads_field(node) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == FIELD and isinstance(n.ctx, ast.Load)
+               for n in ast.walk(node))
+
+
+def _compares_size(nodes) -> bool:
+    return any(isinstance(n, ast.Compare) and any(isinstance(op, (ast.LtE, ast.Lt)) for op in n.ops)
+               for node in nodes for n in ast.walk(node))
+
+
+def bounds_mixed_captures(func) -> bool:
+    """Does ``_init_candidates`` bound what it plans by RecoverSSM (code
+    structure, see the module docstring)? PatchError without source."""
+    return bounds_in(recompile.function_ast(func))
+
+
+def bounds_in(tree) -> bool:
+    """``bounds_mixed_captures`` on the parsed function."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.If) and _reads_field(node.test)
+                and _compares_size([node.test, *node.body])
+                and not any(isinstance(n, ast.Raise) for b in node.body for n in ast.walk(b))):
+            return True
+    return False
 
 
 class CaptureWorkspacePatch(base.Patch):
@@ -103,8 +161,8 @@ class CaptureWorkspacePatch(base.Patch):
                 "activation capacity",
                 "at startup, while capturing CUDA graphs (--use-replayssm)")
     summary = "RecoverSSM: no mixed CUDA graph above max_num_seqs * (1 + k) tokens"
-    decides = ("RecoverSSM present (CacheConfig.use_kda_recoverssm) and a source check: "
-               "_init_candidates does not consult it")
+    decides = ("RecoverSSM present (CacheConfig.use_kda_recoverssm) and the AST of "
+               "_init_candidates: no if-statement bounds mixed captures by it")
     probe_title = ("capture plan for 48 seqs, k=8, Hopper capture sizes (to 512): "
                    "largest mixed graph vs RecoverSSM workspace")
 
@@ -116,21 +174,22 @@ class CaptureWorkspacePatch(base.Patch):
         return manager, method
 
     def check(self, module, optimize):
+        from kimi_hotfix.patches import _recoverssm
+
         _, method = self._method(module)
-        cache_config = importlib.import_module("vllm.config").CacheConfig
-        if FIELD not in getattr(cache_config, "__dataclass_fields__", {}):
+        if not _recoverssm.has_recoverssm():
             return base.absent("this vLLM has no RecoverSSM (no CacheConfig.use_kda_recoverssm)")
         try:
-            source = inspect.getsource(method)
-        except (OSError, TypeError) as exc:
-            return base.cannot_tell(f"source of _init_candidates unavailable ({exc})")
-        if FIELD in source:
+            bounded = bounds_mixed_captures(method)
+        except base.PatchError as exc:
+            return base.cannot_tell(str(exc))
+        if bounded:
             return base.fixed("_init_candidates bounds mixed captures for RecoverSSM")
         return base.needed("_init_candidates plans mixed graphs above the RecoverSSM workspace")
 
-    def apply(self, module, wrap):
+    def apply(self, module, ctx):
         manager, _ = self._method(module)
-        wrap(manager, "_init_candidates", init_candidates_wrapper)
+        ctx.wrap(manager, "_init_candidates", make_wrapper(ctx))
 
     def probe(self):
         from kimi_hotfix.patches.capture_workspace import probe

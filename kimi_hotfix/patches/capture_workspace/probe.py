@@ -2,7 +2,7 @@
 
 Importing this module imports torch; ``capture_plan`` imports vLLM. It builds a
 real ``CudaGraphManager`` (the main model's, decode query length 1 + k) with the
-stubs of ``kimi_hotfix.probing`` and describes the plan it made
+stubs of ``kimi_hotfix.patches._recoverssm`` and describes the plan it made
 (``_capture_descs`` and the ``_candidates`` dispatch table) in release-
 independent JSON, so that two releases, or one release with and without the
 patch, compare with ``==``. ``run()`` is the preflight probe: the seed's largest
@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from kimi_hotfix import probing
 from kimi_hotfix.base import ProbeResult
+from kimi_hotfix.patches import _recoverssm as probing
 
 DEFAULT_MODE = "FULL_AND_PIECEWISE"  # vLLM's default CUDA-graph mode on GPUs
 # BatchExecutionDescriptor fields present in 0.29, 0.30 and 0.33. Any other
@@ -97,7 +97,7 @@ def capture_plan(max_num_seqs=48, num_spec=8, capture_sizes=None, recoverssm=Tru
     decode_query_len = getattr(config, "uniform_decode_query_len", 1 + num_spec)
 
     def build():
-        return CudaGraphManager(config, probing.DEVICE, mode, decode_query_len,
+        return CudaGraphManager(config, probing.device(), mode, decode_query_len,
                                 lora_capture_cases=lora_capture_cases, varlen_decode=varlen_decode)
 
     with probing.cpu_graph_stubs():

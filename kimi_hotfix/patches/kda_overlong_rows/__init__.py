@@ -34,22 +34,27 @@ unavailable or does not match, a ``wrapt`` wrapper does the same (slower).
 Upstream: vllm-project/vllm PR #55774 follow-up, released in 0.31.0
 (``spec_sequence_masks_cpu &= query_lens <= num_spec + 1``).
 
-Needed when (``check``): the installed ``build`` has a RecoverSSM path
-(``use_recoverssm``) and does not route rows by ``<= self.num_spec + 1`` (source
-check). Not affected where the builder has no RecoverSSM path (0.28.0); not
-needed once it routes them itself (0.31.0). Where the source is unavailable it
-cannot tell: the shim applies it (the wrapt fallback) and warns.
+Needed when (``check``): decided from ``build``'s code structure (its AST),
+never from text a comment or a string could hold. It has a RecoverSSM path
+when its code reads ``self.use_recoverssm``; it routes the rows itself when a
+comparison ``... <= self.num_spec + 1`` is an operand of a bitwise AND that is
+assigned (``mask &= ...`` or ``mask = mask & ...``: rows filtered out of the
+speculative set, 0.31.0's form). A check that raises on such rows (the
+comparison in an ``if`` test or an ``assert``, or reduced with ``.all()``)
+does not count. Not affected where the builder has no RecoverSSM path
+(0.28.0); not needed once it routes them itself (0.31.0). Any other form reads
+as needed (the router then finds no over-long speculative row and changes
+nothing). Where the source is unavailable it cannot tell: the shim applies it
+(the wrapt fallback) and warns.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
-import re
 
-from kimi_hotfix import base, core, recompile
+from kimi_hotfix import base, recompile
 
-_ROUTES = re.compile(r"<=\s*self\.num_spec\s*\+\s*1")
 _PARAMS = (
     "common_prefix_len",
     "common_attn_metadata",
@@ -108,11 +113,7 @@ def _route(builder, metadata, draft):
     return route_overlong_rows(builder, metadata, draft)
 
 
-_INSTEAD = "vLLM's own build runs on the unrouted rows"
-
-
-def _failed(exc):
-    core.wrapper_failed(PATCH.name, exc, _INSTEAD)
+INSTEAD = "vLLM's own build runs on the unrouted rows"
 
 
 def _insert_guard(tree):
@@ -129,8 +130,9 @@ def _insert_guard(tree):
     funcdef.body = body[:1] + guard + body[1:] if docstring else guard + body
 
 
-def inline_build(build):
-    """vLLM's ``build`` recompiled with the guard; PatchError where it cannot be."""
+def inline_build(build, failed):
+    """vLLM's ``build`` recompiled with the guard; ``failed(exc)`` is called
+    where the guard's own code fails. PatchError where it cannot be."""
     params = inspect.signature(build).parameters
     names = list(params)
     if not names or names[0] != "self" or any(p not in params for p in _GUARD_PARAMS):
@@ -141,34 +143,78 @@ def inline_build(build):
     return recompile.recompile(
         build,
         _insert_guard,
-        cells={"_kimi_hotfix_route": _route, "_kimi_hotfix_failed": _failed},
+        cells={"_kimi_hotfix_route": _route, "_kimi_hotfix_failed": failed},
     )
 
 
-def build_wrapper(wrapped, instance, args, kwargs):
+def make_wrapper(ctx):
     """The wrapt fallback: the same guard and routing around vLLM's build."""
-    try:
-        metadata = args[1] if len(args) > 1 else kwargs["common_attn_metadata"]
-        fast = not instance.use_recoverssm or metadata.max_query_len <= instance.num_spec + 1
-    except Exception as exc:
-        core.wrapper_failed(PATCH.name, exc, _INSTEAD)
-        fast = True
-    if fast:
+
+    def build_wrapper(wrapped, instance, args, kwargs):
+        try:
+            metadata = args[1] if len(args) > 1 else kwargs["common_attn_metadata"]
+            if instance.use_recoverssm and metadata.max_query_len > instance.num_spec + 1:
+                args, kwargs = _routed(instance, args, kwargs)
+        except Exception as exc:
+            ctx.failed(exc, INSTEAD)
         return wrapped(*args, **kwargs)
-    try:
-        bound = dict(zip(_PARAMS, args))
-        bound.update(kwargs)
-        metadata, draft = route_overlong_rows(
-            instance, bound["common_attn_metadata"], bound.get("num_decode_draft_tokens_cpu")
-        )
-        if metadata is not bound["common_attn_metadata"]:
-            bound["common_attn_metadata"] = metadata
-            bound["num_decode_draft_tokens_cpu"] = draft
-            args = tuple(bound.pop(name) for name in _PARAMS[: len(args)])
-            kwargs = bound
-    except Exception as exc:
-        core.wrapper_failed(PATCH.name, exc, _INSTEAD)
-    return wrapped(*args, **kwargs)
+
+    return build_wrapper
+
+
+def _routed(builder, args, kwargs):
+    bound = dict(zip(_PARAMS, args))
+    bound.update(kwargs)
+    metadata, draft = route_overlong_rows(
+        builder, bound["common_attn_metadata"], bound.get("num_decode_draft_tokens_cpu"))
+    if metadata is bound["common_attn_metadata"]:
+        return args, kwargs
+    bound["common_attn_metadata"] = metadata
+    bound["num_decode_draft_tokens_cpu"] = draft
+    return tuple(bound.pop(name) for name in _PARAMS[: len(args)]), bound
+
+
+def _self_attr(node, name) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == name
+            and isinstance(node.value, ast.Name) and node.value.id == "self")
+
+
+def _capacity_compare(node) -> bool:
+    """``<anything> <= self.num_spec + 1``."""
+    return (isinstance(node, ast.Compare) and len(node.ops) == 1
+            and isinstance(node.ops[0], ast.LtE) and isinstance(node.comparators[0], ast.BinOp)
+            and isinstance(node.comparators[0].op, ast.Add)
+            and _self_attr(node.comparators[0].left, "num_spec")
+            and isinstance(node.comparators[0].right, ast.Constant)
+            and node.comparators[0].right.value == 1)
+
+
+def _anded(value) -> list:
+    """The operands of the bitwise ANDs in ``value``."""
+    return [side for n in ast.walk(value) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitAnd)
+            for side in (n.left, n.right)]
+
+
+def structure(build) -> tuple:
+    """(has a RecoverSSM path, routes over-long rows itself) from ``build``'s
+    AST (see the module docstring). PatchError without source."""
+    return structure_of(recompile.function_ast(build))
+
+
+def structure_of(tree) -> tuple:
+    """``structure`` on the parsed function."""
+    path = any(_self_attr(n, "use_recoverssm") and isinstance(n.ctx, ast.Load)
+               for n in ast.walk(tree))
+    routes = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.BitAnd):
+            operands = [node.value, *_anded(node.value)]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            operands = _anded(node.value)
+        else:
+            continue
+        routes = routes or any(_capacity_compare(op) for op in operands)
+    return path, routes
 
 
 class KDAOverlongRowsPatch(base.Patch):
@@ -183,8 +229,8 @@ class KDAOverlongRowsPatch(base.Patch):
                 "at startup, in eager dummy runs (adaptive verification profiling); on "
                 "0.30.0 too")
     summary = "RecoverSSM: rows longer than num_spec + 1 take the non-speculative path"
-    decides = ("source check: build has a RecoverSSM path and does not route rows by "
-               "'<= self.num_spec + 1'")
+    decides = ("the AST of build: it reads self.use_recoverssm and no masked assignment "
+               "routes rows by '<= self.num_spec + 1'")
     probe_title = ("KDA build with RecoverSSM, k=8: an eager 48 x 10-token batch and a step "
                    "with a 12-token row")
 
@@ -197,27 +243,27 @@ class KDAOverlongRowsPatch(base.Patch):
     def check(self, module, optimize):
         builder = self._builder(module)
         try:
-            source = recompile.source(vars(builder)["build"])
+            path, routes = structure(vars(builder)["build"])
         except base.PatchError as exc:
             return base.cannot_tell(str(exc))
-        if "use_recoverssm" not in source:
+        if not path:
             return base.absent("the KDA builder has no RecoverSSM path")
-        if _ROUTES.search(source):
+        if routes:
             return base.fixed("build routes rows longer than num_spec + 1 out of the "
                               "speculative set")
         return base.needed("build raises on rows longer than num_spec + 1")
 
-    def apply(self, module, wrap):
+    def apply(self, module, ctx):
         builder = self._builder(module)
         if INLINE:
             try:
-                build = inline_build(vars(builder)["build"])
+                build = inline_build(vars(builder)["build"], lambda exc: ctx.failed(exc, INSTEAD))
             except base.PatchError as exc:
-                wrap(builder, "build", build_wrapper)
+                ctx.wrap(builder, "build", make_wrapper(ctx))
                 return f"wrapt wrapper: {exc}"
-            wrap(builder, "build", replacement=build)
+            ctx.wrap(builder, "build", replacement=build)
             return None
-        wrap(builder, "build", build_wrapper)
+        ctx.wrap(builder, "build", make_wrapper(ctx))
         return "wrapt wrapper"
 
     def probe(self):

@@ -2,7 +2,7 @@
 
 Importing this module imports torch; its functions import vLLM. ``kda_build``
 builds a real ``KimiK3KDAMetadataBuilder`` for one KDA layer on the CPU (with
-the stand-ins of ``kimi_hotfix.probing``) and runs ``build`` on one batch,
+the stand-ins of ``kimi_hotfix.patches._recoverssm``) and runs ``build`` on one batch,
 described in release-independent JSON. ``build`` asks for the RecoverSSM commit
 context (GPU kernels bound to the model's KDA layers) whenever it returns
 speculative rows; the builder caches it in ``recoverssm_context``, which is
@@ -17,8 +17,8 @@ import types
 
 import torch
 
-from kimi_hotfix import probing
 from kimi_hotfix.base import ProbeResult
+from kimi_hotfix.patches import _recoverssm as probing
 
 # KimiK3KDAMetadata fields compared across releases.
 COUNT_FIELDS = ("num_spec_decodes", "num_spec_decode_tokens", "num_prefills",
@@ -47,7 +47,7 @@ def make_builder(max_num_seqs=48, num_spec=8, recoverssm=True, block_size=16):
     spec = MambaSpec(block_size=block_size, shapes=((4, 4),), dtypes=(torch.float32,))
     with probing.model_config_standin(config, hf_text_config=types.SimpleNamespace()):
         builder = KimiK3KDAMetadataBuilder(spec, ["model.layers.0.self_attn.kda"], config,
-                                           probing.DEVICE)
+                                           probing.device())
     builder.recoverssm_context = CommitContextPlaceholder()
     return builder
 

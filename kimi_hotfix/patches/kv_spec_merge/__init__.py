@@ -43,7 +43,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from kimi_hotfix import base, core, recompile
+from kimi_hotfix import base, recompile, versions, wrapping
 
 CAPABILITY = "non_causal_multi_token_decode"
 ASSERTS_MEASURED_UP_TO = "0.33.0"  # every release up to this one guards merges with assert
@@ -127,8 +127,9 @@ class KVSpecMergePatch(base.Patch):
     name = "kv_spec_merge"
     target = "vllm.v1.kv_cache_interface"
     wraps = ("KVCacheSpec.merge", "FullAttentionSpec.merge", "MLAAttentionSpec.merge",
-             "SlidingWindowMLASpec.merge", "RSWASpec.merge", "SinkFullAttentionSpec.merge",
-             "(every other merge with an assert)")
+             "SlidingWindowMLASpec.merge", "RSWASpec.merge", "SinkFullAttentionSpec.merge")
+    wraps_note = ("every merge classmethod of the module that guards with assert or carries "
+                  "the draft capability; those above in 0.29.0 to 0.33.0")
     upstream = "PR #55234 (issue #54649)"
     fixed_in = "0.30.0"
     symptoms = (
@@ -161,18 +162,18 @@ class KVSpecMergePatch(base.Patch):
             return base.absent(f"no MLA draft capability in this vLLM; {live}")
         return base.fixed(f"MLAAttentionSpec.merge keeps the draft capability; {live}")
 
-    def apply(self, module, wrap):
+    def apply(self, module, ctx):
         plan = []
         for cls in merge_classes(module):
+            if wrapping.owner_of(vars(cls)["merge"]) == self.name:
+                continue  # applied already (another copy of the shim)
             func = vars(cls)["merge"].__func__
-            if core.is_wrapped(vars(cls)["merge"]):
-                continue
             hardened, capability = has_assert(func), _has_capability(cls)
             if hardened or capability:
                 plan.append((cls, harden(func) if hardened else func, hardened, capability))
         # Recompile everything first, then wrap: a failure leaves vLLM untouched.
         for cls, impl, hardened, capability in plan:
-            wrap(cls, "merge", _make_wrapper(impl, hardened, capability))
+            ctx.wrap(cls, "merge", _make_wrapper(impl, hardened, capability, ctx))
 
     def probe(self):
         from kimi_hotfix.patches.kv_spec_merge import probe
@@ -184,33 +185,29 @@ class KVSpecMergePatch(base.Patch):
             return super().expect(version, optimize)
         if not optimize:
             needed, text = super().expect(version, optimize)
-            if version is not None and not base.version_at_least(version, "0.29.0"):
+            if not versions.at_least(version, "0.29.0"):
                 needed, text = False, f"not needed: vLLM {version} merges the capability with any()"
             return needed, text + "; under -O it is needed while the merges guard with assert"
-        if base.version_at_least(version, _next(ASSERTS_MEASURED_UP_TO)):
+        if versions.at_least(version, versions.next_micro(ASSERTS_MEASURED_UP_TO)):
             return None, (f"under -O: unknown past {ASSERTS_MEASURED_UP_TO}; the source check "
                           "decides (needed while a merge guards with assert)")
         return True, (f"needed under -O: the spec merges guard with bare asserts in every "
                       f"release up to {ASSERTS_MEASURED_UP_TO}")
 
 
-def _next(release):
-    major, minor, micro, _ = base.parse_version(release)
-    return f"{major}.{minor}.{micro + 1}"
-
-
-def _make_wrapper(impl, hardened: bool, capability: bool):
+def _make_wrapper(impl, hardened: bool, capability: bool, ctx):
     instead = (("the rebuilt merge (asserts as explicit raises)" if hardened
                 else "vLLM's own merge") + " runs without the group capability")
 
     def merge_wrapper(wrapped, instance, args, kwargs):
-        # ``instance`` is the class the classmethod was looked up on.
-        cls = instance if isinstance(instance, type) else type(instance)
-        if capability:
-            try:
+        cls = instance  # the class the classmethod was looked up on
+        try:
+            if not isinstance(cls, type):
+                cls = type(instance)
+            if capability:
                 args, kwargs = _with_group_capability(args, kwargs)
-            except Exception as exc:
-                core.wrapper_failed(PATCH.name, exc, instead)
+        except Exception as exc:
+            ctx.failed(exc, instead)
         return impl(cls, *args, **kwargs)
 
     merge_wrapper.__qualname__ = f"kimi_hotfix.kv_spec_merge[{impl.__qualname__}]"

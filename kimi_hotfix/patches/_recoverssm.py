@@ -1,8 +1,10 @@
-"""Helpers shared by the patches' probes: real vLLM objects on a CPU, no model.
+"""RecoverSSM knowledge shared by capture_workspace and kda_overlong_rows.
 
-Importing this module imports torch; its functions import vLLM (set
-VLLM_TARGET_DEVICE=cpu first). What is not the real vLLM here, and why (inputs
-only, never behaviour):
+``has_recoverssm()`` is their common first question (cheap: a dataclass field
+of vLLM's CacheConfig). The rest builds real vLLM objects on a CPU, with no
+model, for their probes. Importing this module imports nothing heavy; its
+functions import vLLM and torch (set VLLM_TARGET_DEVICE=cpu first). What is
+not the real vLLM there, and why (inputs only, never behaviour):
 
 - ``CudaGraphManager.__init__`` asks ``get_pp_group()`` for its pipeline rank
   and the platform for a CUDA graph pool; both are stubbed during construction
@@ -19,20 +21,20 @@ only, never behaviour):
 from __future__ import annotations
 
 import contextlib
+import importlib
 import types
 
-import torch
+from kimi_hotfix import wrapping
 
-DEVICE = torch.device("cpu")
 SEED = {"max_num_seqs": 48, "num_spec": 8}  # the failing deployment: 48 x (1 + 8) = 432
 RECOVERSSM_FIELD = "use_kda_recoverssm"
 
 
 def has_recoverssm() -> bool:
-    """Does this vLLM have RecoverSSM at all (``CacheConfig.use_kda_recoverssm``)?"""
-    from vllm.config import CacheConfig
-
-    return RECOVERSSM_FIELD in getattr(CacheConfig, "__dataclass_fields__", {})
+    """Does this vLLM have RecoverSSM at all (``CacheConfig.use_kda_recoverssm``,
+    a dataclass field: read from the class, not from any text)?"""
+    cache_config = importlib.import_module("vllm.config").CacheConfig
+    return RECOVERSSM_FIELD in getattr(cache_config, "__dataclass_fields__", {})
 
 
 def vllm_config(max_num_seqs=48, num_spec=8, recoverssm=True, max_num_batched_tokens=8192,
@@ -106,11 +108,15 @@ def cpu_graph_stubs():
 
 
 def wrapped(owner, attr) -> bool:
-    from kimi_hotfix import core
-
-    return core.is_wrapped(vars(owner).get(attr))
+    return wrapping.is_wrapped(vars(owner).get(attr))
 
 
 def plain(value):
     """A JSON-able copy of a tensor or a plain value."""
-    return value.tolist() if isinstance(value, torch.Tensor) else value
+    return value.tolist() if hasattr(value, "tolist") and not isinstance(value, list) else value
+
+
+def device():
+    import torch
+
+    return torch.device("cpu")

@@ -1,0 +1,62 @@
+"""The README's generated tables: what the shim fixes (from the patches'
+metadata) and every line it can log (from kimi_hotfix.messages).
+
+``scripts/docs`` writes them between the README's markers; a unit test fails
+when the README differs from ``render(readme_text)``. Imports no vLLM.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kimi_hotfix import __version__, messages, registry
+from kimi_hotfix.base import Kind
+
+STATES = {
+    Kind.PENDING: "armed; this process has not imported the patch's module (yet)",
+    Kind.APPLIED: "patched in this process; `(...)` says how (e.g. `cannot tell ...; applied to "
+                  "be safe`, `forced`, `wrapt wrapper`); `its code failed on N calls` means "
+                  "vLLM's own code ran on those calls",
+    Kind.NOT_NEEDED: "this vLLM behaves right (fixed upstream): nothing patched",
+    Kind.NOT_AFFECTED: "the code path does not exist in this vLLM: nothing to fix",
+    Kind.DISABLED: "switched off: `KIMI_HOTFIX=0`, `KIMI_HOTFIX_DISABLE`, or `undo()`",
+    Kind.FAILED: "should apply but could not (the reason follows); vLLM runs unpatched",
+    Kind.NOT_LOADED: "the process ended without importing the module: normal for processes "
+                     "that do not run that code",
+}
+
+
+def patch_table() -> str:
+    rows = ["| what you see | patch | what it changes | upstream | fixed in |",
+            "|---|---|---|---|---|"]
+    for patch in registry.patches().values():
+        seen = "<br>".join(f"`{s}`" if s.startswith(("ValueError", "AttributeError", "RuntimeError"))
+                           else s for s in patch.symptoms)
+        rows.append(f"| {seen} | `{patch.name}` | {patch.summary} | {patch.upstream} | "
+                    f"{patch.fixed_in_text} |")
+    return "\n".join(rows) + "\n"
+
+
+def log_table() -> str:
+    rows = ["| you see | meaning | do |", "|---|---|---|"]
+    for message in messages.CATALOG:
+        shown = message.shown.replace("0.1.0", __version__).replace("|", "\\|")
+        rows.append(f"| `{shown}` | {message.meaning} | {message.do} |")
+    return "\n".join(rows) + "\n"
+
+
+def state_table() -> str:
+    rows = ["| state in the line | meaning |", "|---|---|"]
+    rows += [f"| `{kind.value.replace('_', ' ')}` | {STATES[kind]} |" for kind in Kind]
+    return "\n".join(rows) + "\n"
+
+
+TABLES = {"patch-table": patch_table, "log-table": log_table, "state-table": state_table}
+
+
+def render(text: str) -> str:
+    """``text`` (the README) with every generated table brought up to date."""
+    for marker, make in TABLES.items():
+        text = re.sub(rf"(<!-- {marker} -->\n).*?(<!-- /{marker} -->)",
+                      lambda m, make=make: m.group(1) + make() + m.group(2), text, flags=re.S)
+    return text

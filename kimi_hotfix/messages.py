@@ -1,0 +1,143 @@
+"""Every line the shim logs, in one catalog, and its one log handler.
+
+The package logs only through ``emit(MESSAGE, *args)`` (a unit test scans the
+code for any other logging call), so this catalog is complete: the README's
+troubleshooting table is generated from it (kimi_hotfix.docs) and lists every
+line an operator can see, what it means and what to do. The bootstrap
+(sitecustomize.py) cannot import the package when the package is broken; it
+carries the text of ``INACTIVE`` itself, and a test checks the two agree.
+
+Lines go to stderr through the ``kimi_hotfix`` logger, with the process id
+(``kimi-hotfix[PID]``), which matches vLLM's ``(EngineCore pid=PID)`` prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+
+log = logging.getLogger("kimi_hotfix")
+FORMAT = "%(asctime)s kimi-hotfix[%(process)d] %(levelname)s %(message)s"
+
+
+@dataclass(frozen=True)
+class Message:
+    level: int
+    text: str  # %-style template
+    shown: str  # the line as the README shows it, <placeholders> for the arguments
+    meaning: str
+    do: str
+
+
+SUMMARY = Message(
+    logging.INFO, "%s",
+    "kimi-hotfix 0.1.0 (vllm <version>, python -O): <patch>: <state> | <patch>: <state> | ...",
+    "the state of every patch in this process (pid in the prefix): logged once vLLM is "
+    "imported, and again each time a state changes; fork children log it when they start",
+    "expect it from every vLLM process; the states are explained below")
+INACTIVE = Message(
+    logging.WARNING, "kimi-hotfix inactive: cannot load kimi_hotfix.core (%s); vLLM runs unpatched",
+    "kimi-hotfix inactive: cannot load kimi_hotfix.core (<error>); vLLM runs unpatched",
+    "the shim's own files are broken or incomplete in this image",
+    "reinstall or remount the shim; `python -m kimi_hotfix status`")
+WRAPT_MISSING = Message(
+    logging.WARNING,
+    "wrapt is not installed: kimi-hotfix is inactive (pip install wrapt, or use the drop-in bundle)",
+    "wrapt is not installed: kimi-hotfix is inactive (...)",
+    "the image has no wrapt; every patch reads `failed: wrapt is not installed`",
+    "use the bundle (it carries a private wrapt), or `pip install wrapt`")
+ARMING_FAILED = Message(
+    logging.WARNING, "kimi-hotfix: arming failed (%s); vLLM runs unpatched",
+    "kimi-hotfix: arming failed (<error>); vLLM runs unpatched",
+    "the shim could not register its hooks; every pending patch reads `failed`",
+    "report it with the traceback that follows the line")
+HOOK_FAILED = Message(
+    logging.WARNING, "kimi-hotfix: %s: its import hook failed (%s); vLLM unchanged",
+    "kimi-hotfix: <patch>: its import hook failed (<error>); vLLM unchanged",
+    "the shim's own code failed while vLLM imported the target; the patch reads `failed`",
+    "vLLM runs unpatched there; report it")
+UNSURE_APPLIED = Message(
+    logging.WARNING, "kimi-hotfix: cannot tell whether %s is needed (%s); applied it to be safe",
+    "kimi-hotfix: cannot tell whether <patch> is needed (<why>); applied it to be safe",
+    "the patch's check could not run (e.g. no source files); the patch is applied",
+    "`check` shows whether it was needed")
+UNSURE_FAILED = Message(
+    logging.WARNING,
+    "kimi-hotfix: cannot tell whether %s is needed (%s), and it cannot apply (%s); vLLM unchanged",
+    "kimi-hotfix: cannot tell whether <patch> is needed (<why>), and it cannot apply (<why>); "
+    "vLLM unchanged",
+    "neither the check nor the patch can work here (e.g. vLLM shipped without source under -O); "
+    "the patch reads `failed`",
+    "ship vLLM's .py files in the image, or run without -O; `check` shows the risk")
+APPLY_FAILED = Message(
+    logging.WARNING, "kimi-hotfix: %s could not apply (%s); vLLM unchanged",
+    "kimi-hotfix: <patch> could not apply (<why>); vLLM unchanged",
+    "this vLLM does not look like what the patch targets, or another patch owns the method; "
+    "the patch reads `failed`",
+    "vLLM runs unpatched; run `check`; report it")
+WRAPPER_FAILED = Message(
+    logging.WARNING, "kimi-hotfix: %s wrapper failed (%s); %s",
+    "kimi-hotfix: <patch> wrapper failed (<error>); <what runs instead>",
+    "the patch's own code failed on a call (logged once per patch; the state counts the calls)",
+    "the line says what ran instead; report it")
+UNDO_INCOMPLETE = Message(
+    logging.WARNING, "kimi-hotfix: undo of %s could not restore %s: replaced since by something else",
+    "kimi-hotfix: undo of <patch> could not restore <method>: replaced since by something else",
+    "another library re-wrapped the method after the shim; vLLM's own method is not back there",
+    "restart the process without the shim (KIMI_HOTFIX_DISABLE) for a clean rollback")
+FORK_INTERRUPTED = Message(
+    logging.WARNING,
+    "kimi-hotfix: %s was being applied by another thread when this process forked; "
+    "rolled back in this process",
+    "kimi-hotfix: <patch> was being applied by another thread when this process forked; "
+    "rolled back in this process",
+    "a rare race; this forked process runs that patch's code unpatched (`failed`)",
+    "start workers with spawn, or arm before starting threads")
+
+CONFIG_FLAG = Message(
+    logging.WARNING, "%s=%s is not understood; valid values: %s or %s; using %s",
+    "KIMI_HOTFIX[_STRICT]=<value> is not understood; valid values: ...; using <default>",
+    "a toggle's value cannot be parsed; its default is kept", "fix the variable")
+CONFIG_NAMES = Message(
+    logging.WARNING, "%s: unknown patch name%s %s%s ignored; valid names: %s, or *",
+    "KIMI_HOTFIX_DISABLE|FORCE: unknown patch name(s) <names> ignored; valid names: ...",
+    "a name in the list is not a patch; the others are used", "fix the list")
+CONFIG_BOTH = Message(
+    logging.WARNING, "%s both disabled and forced; KIMI_HOTFIX_DISABLE wins",
+    "<patch> both disabled and forced; KIMI_HOTFIX_DISABLE wins",
+    "a patch is listed in both variables", "remove it from one")
+CONFIG_LEVEL = Message(
+    logging.WARNING, "KIMI_HOTFIX_LOG_LEVEL=%s is not a level; valid values: %s; using INFO",
+    "KIMI_HOTFIX_LOG_LEVEL=<value> is not a level; valid values: ...; using INFO",
+    "the log level cannot be parsed", "fix the variable")
+
+CATALOG = (SUMMARY, INACTIVE, WRAPT_MISSING, ARMING_FAILED, HOOK_FAILED, UNSURE_APPLIED,
+           UNSURE_FAILED, APPLY_FAILED, WRAPPER_FAILED, UNDO_INCOMPLETE, FORK_INTERRUPTED,
+           CONFIG_FLAG, CONFIG_NAMES, CONFIG_BOTH, CONFIG_LEVEL)
+
+
+def emit(message: Message, *args, exc_info=None) -> None:
+    log.log(message.level, message.text, *args, exc_info=exc_info)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at emit time (vLLM decorates it with
+    the process prefix in its child processes)."""
+
+    def __init__(self):
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+
+def setup(level: str) -> None:
+    """One handler on the ``kimi_hotfix`` logger, not propagated to the host's."""
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter(FORMAT))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(getattr(logging, level, logging.INFO))
