@@ -4,34 +4,43 @@ Importing this package is cheap and imports neither vLLM nor wrapt. The public
 API loads the machinery on first use:
 
     arm()          register the post-import hooks (idempotent)
-    undo(name)     restore vLLM's original methods (all patches when name is None)
+    undo(name)     restore vLLM's original methods (all patches when name is None);
+                   a patch still pending stays off; the states name what could
+                   not be restored
     reapply(name)  decide and apply again after undo
     states()       {patch name: State} (``State.kind`` and ``str(state)``)
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from kimi_hotfix.base import State
 
 __version__ = "0.1.0"
 __all__ = ["arm", "undo", "reapply", "states", "__version__"]
 
 
-def arm(source="api"):
+def arm(source: str = "api") -> dict[str, State]:
     from kimi_hotfix import core
 
     return core.arm(source)
 
 
-def undo(name=None):
+def undo(name: Optional[str] = None) -> dict[str, State]:
     from kimi_hotfix import core
 
     return core.undo(name)
 
 
-def reapply(name=None):
+def reapply(name: Optional[str] = None) -> dict[str, State]:
     from kimi_hotfix import core
 
     return core.reapply(name)
 
 
-def states():
+def states() -> dict[str, State]:
     from kimi_hotfix import core
 
     return core.states()

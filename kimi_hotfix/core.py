@@ -241,8 +241,10 @@ def _decide_and_apply(name, patch, module, records) -> tuple:
 def toggled(name: str, applied: bool):
     """Within the block, patch ``name`` is applied (whatever its check says) or
     not (vLLM's own methods); afterwards the process is exactly as it was: the
-    same objects installed, the same state. Its module must be loaded. Yields
-    the state inside the block. Does not log the summary line."""
+    same objects installed, the same state (where the block changed nothing,
+    e.g. on for a patch already applied, the state keeps what happened in it,
+    such as wrapper failures). Its module must be loaded. Yields the state
+    inside the block. Does not log the summary line."""
     patch = registry.get(name)
     module = sys.modules.get(patch.target)
     if module is None:
@@ -267,7 +269,8 @@ def toggled(name: str, applied: bool):
     finally:
         wrapping.uninstall(added)
         wrapping.reinstall(off)
-        state.put(name, saved_state, records=saved)
+        if added or off:
+            state.put(name, saved_state, records=saved)
 
 
 def undo(name: Optional[str] = None) -> dict:

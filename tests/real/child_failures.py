@@ -85,9 +85,47 @@ def capture(core):
         own = plan()
     with core.toggled(patch.PATCH.name, True):
         failing = _outcome(lambda: _swapped(patch, "clamped_view", plan))
-    return {"vllm_own": own, "failing": failing}
+        read_only = _outcome(lambda: _read_only_manager(plan))
+    return {"vllm_own": own, "failing": failing, "read_only": read_only,
+            "view_writes": _view_writes(patch)}
+
+
+def _read_only_manager(plan):
+    """A manager whose compilation_config cannot be re-assigned once set: the
+    patch's swap fails inside the wrapper."""
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    base = cudagraph_utils.CudaGraphManager
+
+    class Frozen(base):
+        def __setattr__(self, name, value):
+            if name == "compilation_config" and "compilation_config" in vars(self):
+                raise AttributeError("compilation_config is read-only here")
+            super().__setattr__(name, value)
+
+    cudagraph_utils.CudaGraphManager = Frozen  # the probe looks the class up at call time
+    try:
+        return plan()
+    finally:
+        cudagraph_utils.CudaGraphManager = base
+
+
+def _view_writes(patch):
+    """What writing to the clamped view does to the shared config."""
+    from kimi_hotfix.patches import _recoverssm
+
+    shared = _recoverssm.vllm_config().compilation_config
+    before = list(shared.cudagraph_capture_sizes or [])
+    view = patch.ClampedCompilationConfig(shared, [1, 2])
+    view.cudagraph_capture_sizes = [4]
+    view.max_cudagraph_capture_size = 4
+    return {"view": [view.cudagraph_capture_sizes, view.max_cudagraph_capture_size],
+            "shared_sizes_same": list(shared.cudagraph_capture_sizes or []) == before,
+            "shared_max": shared.max_cudagraph_capture_size}
 
 
 def run(core):
-    return {"kda_overlong_rows": kda(core), "kv_spec_merge": kv(core),
-            "capture_workspace": capture(core)}
+    out = {"kda_overlong_rows": kda(core), "kv_spec_merge": kv(core),
+           "capture_workspace": capture(core)}
+    out["states_after"] = {name: s.as_dict() for name, s in core.states().items()}
+    return out

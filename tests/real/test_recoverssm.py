@@ -32,7 +32,7 @@ import pytest
 
 from cases import KDA_OVERLONG, KDA_WITHIN, PLANS, PLANS_OFF, SEED, key
 from harness import child, plan_reference, reference
-from helpers import warning_lines
+from helpers import summaries, warning_lines
 
 FLAGS = ("plain", "O")
 NEEDS_BOTH = ("0.29.0", "0.29.0-py3.12")  # releases where both patches apply
@@ -257,6 +257,28 @@ def test_capture_failure_keeps_vllms_own_plan(release, flags):
     assert result["vllm_own"]["largest_mixed"] == 512
     failures = [w for w in warning_lines(run.failures_stderr) if "capture_workspace wrapper" in w]
     assert len(failures) == 1 and "vLLM's own capture plan is used" in failures[0]
+    # a manager whose compilation_config cannot be swapped: contained, vLLM's own plan
+    assert result["read_only"] == ["ok", result["vllm_own"]]
+    # writes to the clamped view stay in the view
+    writes = result["view_writes"]
+    assert writes["view"] == [[4], 4] and writes["shared_sizes_same"] is True
+    assert writes["shared_max"] != 4
+
+
+@pytest.mark.releases("0.29.0")
+def test_wrapper_failures_show_in_the_state_and_the_line(release):
+    """Each patch's own code failed on some calls (the failures section): the
+    state counts them and names the first; the line says so, logged once more."""
+    run = child(release, "on", "O")
+    after = run["failures"]["states_after"]
+    for name in ("kda_overlong_rows", "kv_spec_merge", "capture_workspace"):
+        state = after[name]
+        assert state["kind"] == "applied" and state["failures"] >= 2, state
+        assert state["first_failure"].startswith("RuntimeError: injected failure"), state
+        assert f"its code failed on {state['failures']} calls" in state["text"]
+    (lines,) = summaries(run.stderr + run.failures_stderr).values()
+    assert "its code failed (first: RuntimeError: injected failure" in lines[-1]
+    assert sum("its code failed" in line for line in lines) <= 3  # once per patch, not per call
 
 
 # -- the preflight probes, toggled off and on -----------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -242,3 +243,30 @@ def test_garbage_in_each_variable(var, kind):
         assert len(warnings[0]) < 400, warnings[0]
         if kind == "long":
             assert "... (100000 characters)" in warnings[0]
+
+
+# -- a broken install (the package cannot load) ----------------------------------------
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_broken_install_says_inactive_and_strict_fails_the_import(tmp_path, strict):
+    """The shim's directory is there but its package cannot load (a truncated
+    copy): one line that says so; vLLM imports unpatched; strict mode fails."""
+    shim = tmp_path / "shim"
+    shutil.copytree(REPO / "kimi_hotfix", shim / "kimi_hotfix",
+                    ignore=shutil.ignore_patterns("__pycache__", "_vendor"))
+    shutil.copy2(REPO / "sitecustomize.py", shim / "sitecustomize.py")
+    (shim / "kimi_hotfix" / "core.py").write_text("def arm(:\n")  # truncated on copy
+    env = hermetic_env(KIMI_HOTFIX_STRICT="1" if strict else None)
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), str(STANDINS / "vllm_complete")])
+    proc = run_python(["-c", "import vllm.v1.kv_cache_interface\nprint('vLLM imported')\n"],
+                      env=env, check=False, cwd=tmp_path)  # not the checkout's kimi_hotfix
+    inactive = [line for line in proc.stderr.splitlines()
+                if line.startswith("kimi-hotfix inactive: cannot load kimi_hotfix.core (")]
+    assert len(inactive) == 1, proc.stderr
+    assert "SyntaxError" in inactive[0] and inactive[0].endswith("; vLLM runs unpatched")
+    if strict:
+        assert proc.returncode == 1 and "vLLM imported" not in proc.stdout
+        assert "SyntaxError" in proc.stderr.splitlines()[-1]
+    else:
+        assert proc.returncode == 0 and proc.stdout == "vLLM imported\n"
