@@ -46,7 +46,15 @@ def _classify(entry):
         entry["patch"] = row.patch or None
         entry["changed"] = False
         entry["why"] = row.why
+    entry["patch_armed"] = _armed(entry["patch"]) if entry["patch"] else None
     return entry
+
+
+def _armed(patch):
+    """Whether the shim arms ``patch`` (listed in PATCH_MODULES), not only ships it."""
+    from kimi_hotfix.patches import PATCH_MODULES
+
+    return patch in PATCH_MODULES
 
 
 def classify(result: dict) -> dict:
@@ -100,7 +108,8 @@ def _wrap(text, indent, width=100):
 
 def _label(entry):
     if entry["verdict"] == _reviewed.COVERED:
-        return f"covered by {entry['patch']}"
+        armed = "" if entry["patch_armed"] else " (shipped, not armed yet)"
+        return f"covered by {entry['patch']}{armed}"
     if entry["verdict"] == _reviewed.NOT_REVIEWED and entry["changed"]:
         return "NOT REVIEWED (changed since review)"
     return entry["verdict"].upper() if entry["verdict"] == _reviewed.NOT_REVIEWED else entry["verdict"]

@@ -10,3 +10,7 @@ from the patches' metadata (scripts/docs).
 """
 
 PATCH_MODULES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
+
+# Written and tested against the real wheels (tests/real/test_o_parity.py) but not
+# armed yet: they join PATCH_MODULES when they are ported to the reworked Patch API.
+UNREGISTERED = ("inner_dp_group", "config_checks")

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from kimi_hotfix import base, core, status
-from kimi_hotfix.patches import PATCH_MODULES
+from kimi_hotfix.patches import PATCH_MODULES, UNREGISTERED
 
 from helpers import REPO
 
@@ -21,7 +21,8 @@ def test_registry_lists_every_patch_module_once():
     on_disk = sorted(p.name for p in (PACKAGE / "patches").iterdir()
                      if p.is_dir() and (p / "__init__.py").exists()
                      or p.suffix == ".py" and p.name != "__init__.py")
-    assert sorted(PATCH_MODULES) == sorted(n[:-3] if n.endswith(".py") else n for n in on_disk)
+    assert sorted(PATCH_MODULES + UNREGISTERED) == sorted(n[:-3] if n.endswith(".py") else n
+                                                          for n in on_disk)
     assert list(core.patch_names()) == list(PATCH_MODULES)
 
 
@@ -30,8 +31,8 @@ def test_no_patch_name_outside_the_patches():
     knowledge lives in its own module (or subpackage)."""
     offenders = []
     for path in PACKAGE.rglob("*.py"):
-        if "patches" in path.relative_to(PACKAGE).parts:
-            continue
+        if "patches" in path.relative_to(PACKAGE).parts or path == PACKAGE / "audit" / "reviewed.py":
+            continue  # the audit's reviewed table names the patch that covers a site
         text = path.read_text()
         offenders += [f"{path.relative_to(REPO)}: {n}" for n in PATCH_MODULES if n in text]
     assert offenders == []
