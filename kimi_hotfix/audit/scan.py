@@ -42,7 +42,7 @@ from pathlib import Path
 from kimi_hotfix.audit import cache as _cache
 from kimi_hotfix.audit import summary as _summary
 
-SCAN_VERSION = 1  # bump when the summary's content changes: old cache entries are ignored
+SCAN_VERSION = 2  # bump when the summary's content changes: old cache entries are ignored
 DEFAULT_DEPTH = 2  # call hops followed from a guarded block
 _DEF_RE = re.compile(rb"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
 _SEED_RE = re.compile(rb"AssertionError|_validator\b|@validator\b|root_validator")

@@ -28,7 +28,8 @@ modules.
 The normalised hash (``source_hash``) is a SHA-256 over a canonical dump of
 the function's AST: docstrings (of the function and of anything nested in it)
 dropped, no positions, no comments (the parser has none), empty fields left
-out (so the dump is the same on Python 3.9 to 3.13). So a change of
+out and f-string literal parts joined (so the dump is the same on Python 3.9
+to 3.13, tests/unit/test_audit.py). So a change of
 formatting, comments or docstrings keeps a review valid; any change to code,
 a string literal (an assert's message included), a decorator or a default
 marks the function as changed.
@@ -55,6 +56,22 @@ def _without_docstring(body):
     return body
 
 
+def _fstring_parts(values):
+    """An f-string's parts with empty literal parts dropped and adjacent literal
+    parts joined: Python 3.12.1 adds an empty literal after a nested format
+    spec field (``f'{a:>{k}}'``) that 3.9 to 3.11 and 3.13 do not."""
+    parts: list = []
+    for value in values:
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            if not value.value:
+                continue
+            if parts and isinstance(parts[-1], ast.Constant) and isinstance(parts[-1].value, str):
+                parts[-1] = ast.Constant(value=parts[-1].value + value.value)
+                continue
+        parts.append(value)
+    return parts
+
+
 def _dump(node, out):
     """Canonical text of ``node``: type and non-empty fields, no positions."""
     if isinstance(node, ast.AST):
@@ -66,6 +83,8 @@ def _dump(node, out):
             value = getattr(node, name, None)
             if name == "body" and isinstance(node, (*_DEF, ast.ClassDef)):
                 value = _without_docstring(value)
+            elif name == "values" and isinstance(node, ast.JoinedStr):
+                value = _fstring_parts(value)
             if value is None or value == []:
                 continue
             out.append(name)
