@@ -58,34 +58,62 @@ class AssertToRaise(ast.NodeTransformer):
         return ast.fix_missing_locations(ast.copy_location(check, node))
 
 
+def _indent(line):
+    return len(line) - len(line.lstrip())
+
+
+def _block_end(lines, start):
+    """Index one past the function that starts at ``lines[start]`` (decorators
+    first), by indentation: the first code line after the ``def`` line that is
+    indented no deeper than the ``def``. Cheap, and exact for code that keeps
+    multi-line strings and brackets indented; the caller parses the result
+    and falls back to inspect's tokenizer when it does not parse."""
+    index = start
+    while index < len(lines) and not lines[index].lstrip().startswith(("def ", "async def ")):
+        index += 1
+    depth = _indent(lines[index]) if index < len(lines) else 0
+    for end in range(index + 1, len(lines)):
+        text = lines[end].strip()
+        if text and not text.startswith("#") and _indent(lines[end]) <= depth:
+            return end
+    return len(lines)
+
+
+def _parse_block(text):
+    indented = text[:1].isspace()
+    return ast.parse(("if 1:\n" if indented else "") + text)
+
+
 def _own_source(func):
-    """The function's own lines (decorators included) from linecache, found
-    with inspect's block finder on those lines only: no parse of the whole
-    module, which is what makes this cheap enough for a patch's check."""
+    """(text, tree) of the function's own lines (decorators included), read
+    from linecache without parsing the whole module: what makes this cheap
+    enough for a patch's check. None where there is no source."""
     code = getattr(func, "__code__", None)
     if code is None:
         return None
     lines = linecache.getlines(code.co_filename)
-    if not lines or code.co_firstlineno > len(lines):
+    start = code.co_firstlineno - 1
+    if not lines or start >= len(lines):
         return None
+    text = "".join(lines[start:_block_end(lines, start)])
     try:
-        block = inspect.getblock(lines[code.co_firstlineno - 1:])
-    except Exception:  # tokenize errors: treat as no source
+        return text, _parse_block(text)
+    except SyntaxError:
+        pass
+    try:  # inspect's block finder tokenizes: slower, exact
+        text = "".join(inspect.getblock(lines[start:]))
+        return text, _parse_block(text)
+    except (SyntaxError, Exception):  # tokenize errors: treat as no source
         return None
-    return "".join(block)
 
 
 def asserts(func):
     """Number of ``assert`` statements in ``func``'s source (nested defs
     included), or None when its source is unavailable or does not parse."""
-    text = _own_source(func)
-    if not text:
+    found = _own_source(func)
+    if found is None:
         return None
-    indented = text[:1].isspace()
-    try:
-        tree = ast.parse(("if 1:\n" if indented else "") + text)
-    except SyntaxError:
-        return None
+    _, tree = found
     defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     if not defs or defs[0].name != func.__code__.co_name:
         return None

@@ -143,6 +143,43 @@ def _config():
     return out
 
 
+@section("planner")
+def _planner():
+    """The planner's start-up invariants (no patch): workers whose specs differ,
+    and (0.33) a grouping that leaves a layer out."""
+    import importlib
+
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
+
+    def spec(dtype):
+        return FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=dtype)
+
+    workers = [{"model.layers.0.attn": spec(torch.bfloat16)},
+               {"model.layers.0.attn": spec(torch.float16)}]
+    out = {}
+    try:
+        planning = importlib.import_module("vllm.v1.core.kv_cache_planning")
+    except ImportError:
+        planning = None
+    if planning is not None and hasattr(planning, "get_global_kv_cache_groups"):
+        out["where"] = "kv_cache_planning.get_global_kv_cache_groups"
+        out["workers_differ"] = outcome(
+            lambda: planning.get_global_kv_cache_groups(VllmConfig(), workers) and None)
+        groups = [KVCacheGroupSpec(["model.layers.0.attn"], spec(torch.bfloat16))]
+        specs = {"model.layers.0.attn": spec(torch.bfloat16),
+                 "model.layers.1.attn": spec(torch.bfloat16)}
+        out["partition_misses_a_layer"] = outcome(
+            lambda: planning._check_exact_partition(groups, specs))
+    else:
+        utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+        out["where"] = "kv_cache_utils.get_kv_cache_configs"
+        out["workers_differ"] = outcome(
+            lambda: utils.get_kv_cache_configs(VllmConfig(), workers, [1 << 30, 1 << 30]) and None)
+    return out
+
+
 @section("decide")
 def _decide():
     from vllm.config import vllm as config_module

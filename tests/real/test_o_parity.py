@@ -88,3 +88,17 @@ def test_decisions_and_probes(release):
             probe = out["probes"][name]
             assert probe["with"]["ok"] is True, probe
             assert probe["without"]["ok"] is (not opt), probe
+
+
+def test_planner_invariants_vanish_under_O_and_are_not_patched(release):
+    """Reachable at every start-up, different only when workers disagree or a
+    grouping leaves a layer out; not patched (docs/o-parity.md says why)."""
+    plain, optimized = sections(release, 0)["planner"], sections(release, 1)["planner"]
+    assert plain["where"] == optimized["where"]
+    assert plain["workers_differ"].startswith("AssertionError: The KV cache specs for the same "
+                                              "layer are different across workers")
+    assert "different across workers" not in optimized["workers_differ"]
+    if release == "0.33.0":
+        assert plain["partition_misses_a_layer"] == ("AssertionError: KV cache groups miss layers: "
+                                                     "['model.layers.1.attn'].")
+        assert optimized["partition_misses_a_layer"] == "ok"
