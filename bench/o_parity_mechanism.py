@@ -2,7 +2,7 @@
 """Two ways to give named vLLM code its plain-Python checks back under -O, side by side.
 
     V=~/.cache/kimi-hotfix/venvs/vllm-0.33.0/bin/python
-    PYTHONPATH=. $V -O bench/o_parity_mechanism.py [--rounds 15]
+    KIMI_HOTFIX=0 PYTHONPATH=. $V -O bench/o_parity_mechanism.py [--rounds 15]
 
 (a) per function, from vLLM's own source (kimi_hotfix.hardening, what
     kv_spec_merge, inner_dp_group and config_checks do): recompile the named

@@ -170,3 +170,15 @@ def test_python_3_12_hashes_and_classifies_the_same(release, tmp_path):
                 for s in report["sites"]]
 
     assert key(other) == key(r)
+
+
+@pytest.mark.releases("0.33.0")
+def test_docs_tables_are_current(release):
+    """docs/audit.md's tables are the audit of the three releases as they are now."""
+    from kimi_hotfix.audit import docs
+
+    text = (REPO / "docs" / "audit.md").read_text()
+    begin, end = text.index(docs.BEGIN) + len(docs.BEGIN) + 1, text.index(docs.END)
+    roots = {r: str(vllm_location(venv_python(r)) / "vllm") for r in ("0.29.0", "0.30.0", "0.33.0")}
+    assert text[begin:end] == docs.generated(roots), (
+        "regenerate: python -m kimi_hotfix.audit.docs docs/audit.md 0.29.0=DIR 0.30.0=DIR 0.33.0=DIR")
