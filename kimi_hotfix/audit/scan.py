@@ -42,7 +42,7 @@ from pathlib import Path
 from kimi_hotfix.audit import cache as _cache
 from kimi_hotfix.audit import summary as _summary
 
-SCAN_VERSION = 2  # bump when the summary's content changes: old cache entries are ignored
+SCAN_VERSION = 3  # bump when the summary's content changes: old cache entries are ignored
 DEFAULT_DEPTH = 2  # call hops followed from a guarded block
 # Candidate modules per function name, for by-name resolution: a superset (any
 # "def name" in the text; the parsed summary decides). Unanchored: 18 times faster

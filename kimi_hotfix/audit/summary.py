@@ -10,7 +10,8 @@ JSON-able dict, which the audit caches by the file's hash:
              its lines, the lines of the ``assert`` statements directly in it
              (not in nested defs), the calls it makes, its own function-level
              imports, its enclosing class, whether it is a pydantic validator,
-             and its normalised hash (``source_hash``)
+             and, where the audit can report it (it holds an assert or a site),
+             its normalised hash (``source_hash``; None otherwise)
   classes    class qualified name -> bases (dotted names) and line
   sites      the places that turn an ``AssertionError`` into something else:
              ``except`` clauses naming it (alone or in a tuple), ``with
@@ -248,14 +249,20 @@ def summarize(text, module: str, is_package: bool) -> dict:
                     "imports": block.imports,
                     "class": cls,
                     "validator": _is_validator(node),
-                    "hash": source_hash(node),
+                    "hash": None,
                 }
                 out["defs"][qual] = info
                 if info["validator"] and block.asserts:
                     out["sites"].append({"kind": "validator", "function": qual,
                                          "line": node.lineno, "catches": ["pydantic"],
                                          "calls": block.calls, "asserts": block.asserts})
+                sites_before = len(out["sites"])
                 visit(node.body, qual + ".<locals>.", None, qual)
+                # hashed only where the audit can report it: a function with
+                # asserts, or one holding a site (hashing walks the whole def)
+                if block.asserts or any(site["function"] == qual
+                                        for site in out["sites"][sites_before - 1:]):
+                    info["hash"] = source_hash(node)
                 continue
             if func is None and cls is None and isinstance(node, (ast.Import, ast.ImportFrom)):
                 if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
