@@ -187,7 +187,8 @@ class Patch(abc.ABC):
     summary: str = ""  # what the patch changes, one line
     decides: str = ""  # how it decides it is needed, one line
     probe_title: str = ""  # what the preflight probe does, one line
-    needs_source: bool = False  # apply() recompiles vLLM's source: no source, no patch
+    # patches about -O: every release up to this one was measured to guard with assert
+    asserts_measured_up_to: str = ""
 
     @property
     def fixed_in_text(self) -> str:
@@ -219,3 +220,17 @@ class Patch(abc.ABC):
         if self.fixed_in and versions.at_least(version, self.fixed_in):
             return False, f"not needed: vLLM {version} >= {self.fixed_in}{dev}"
         return True, f"needed: vLLM {version} < {self.fixed_in or 'any fixed release'}{dev}"
+
+    def expect_optimized(self, version: str, guarded: str) -> tuple:
+        """``expect`` under -O for a patch about ``guarded``'s bare asserts."""
+        measured = self.asserts_measured_up_to
+        if versions.is_prerelease(version) or versions.at_least(version, versions.next_micro(measured)):
+            return None, (f"under -O: unknown for vLLM {version} (measured up to {measured}); "
+                          f"the source check decides (needed while {guarded} guards with assert)")
+        return True, (f"needed under -O: {guarded} guards with bare asserts in every release "
+                      f"up to {measured}")
+
+    def expect_plain_unaffected(self, version: str, why: str) -> tuple:
+        """``expect`` without -O for a patch that only -O needs."""
+        dev = " (a dev build: the code decides)" if versions.is_prerelease(version) else ""
+        return False, f"not affected without -O ({why}){dev}"

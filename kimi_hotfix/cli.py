@@ -5,6 +5,8 @@ status  What the shim would do in THIS interpreter, without importing vLLM,
 check   The preflight (kimi_hotfix.preflight: the report and its renderer):
         imports the installed vLLM and runs each patch's probe on the real vLLM
         code without and with the patch.
+audit   A static scan of the installed vLLM's source for code that steers by
+        AssertionError, classified from a reviewed table (kimi_hotfix.audit).
 
 Exit status: 0 fine; 1 (check) a needed patch does not fix its probe, or the
 shim's own decision disagrees with the probe, or a probe could not run; 2 usage
@@ -36,7 +38,7 @@ def build_parser():
         epilog="exit status: 0 fine, 1 check failed, 2 usage error or vLLM missing (check)",
     )
     parser.add_argument("--version", action="version", version=f"kimi-hotfix {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{status,check}")
+    sub = parser.add_subparsers(dest="command", metavar="{status,check,audit}")
     sub.required = True
     st = sub.add_parser(
         "status", help="what the shim does in this interpreter (does not import vLLM)"
@@ -47,6 +49,9 @@ def build_parser():
         help="preflight: run each patch's probe on the installed vLLM without and with it",
     )
     ck.add_argument("--json", action="store_true", help="print one JSON object")
+    from kimi_hotfix import audit  # audit: a static scan of vLLM's source (stdlib only)
+
+    audit.add_parser(sub)
     return parser
 
 
@@ -63,6 +68,10 @@ def main(argv=None) -> int:
 def _run(args) -> int:
     from kimi_hotfix import status
 
+    if args.command == "audit":
+        from kimi_hotfix import audit
+
+        return audit.main(args)
     if args.command == "status":
         report = status.status_report()
         if args.json:

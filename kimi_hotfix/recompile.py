@@ -75,10 +75,53 @@ def _statements(body):
             yield from _statements(getattr(node, field, None) or ())
 
 
+def _indent(line):
+    return len(line) - len(line.lstrip())
+
+
+def _own_block(code):
+    """(lines, first line number) of the def starting at ``code``'s first line,
+    cut by indentation and parsed on its own, without parsing the module: a
+    patch's check stays cheap in modules of thousands of lines. None when the
+    cut does not parse as that one def (``_lines`` then parses the module)."""
+    lines = linecache.getlines(code.co_filename)
+    start = code.co_firstlineno - 1
+    if not lines or start >= len(lines):
+        return None
+    index = start
+    while index < len(lines) and not lines[index].lstrip().startswith(("def ", "async def ")):
+        index += 1  # decorators
+    if index >= len(lines):
+        return None
+    depth, end = _indent(lines[index]), len(lines)
+    for i in range(index + 1, len(lines)):
+        text = lines[i].strip()
+        if text and not text.startswith("#") and _indent(lines[i]) <= depth:
+            end = i
+            break
+    while end > index + 1 and not lines[end - 1].strip():
+        end -= 1
+    block = lines[start:end]
+    try:
+        tree = ast.parse(("if 1:\n" if block[0][:1].isspace() else "") + "".join(block))
+    except SyntaxError:
+        return None
+    body = tree.body[0].body if block[0][:1].isspace() else tree.body
+    if len(body) != 1 or not isinstance(body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) \
+            or body[0].name != code.co_name:
+        return None
+    return block, start + 1
+
+
 def _lines(func):
     """(lines, first line number) of ``func``'s source, decorators included;
-    PatchError if none."""
+    PatchError if none. The one way the package reads vLLM source: the lines
+    linecache has (what inspect reads), the def cut by indentation, or found in
+    the parsed module where the cut does not parse."""
     code = func.__code__
+    own = _own_block(code)
+    if own is not None:
+        return own
     try:
         lines, tree = _module(code.co_filename)
     except (OSError, SyntaxError, ValueError) as exc:

@@ -16,6 +16,15 @@ JSON_MARK = "KIMI_JSON:"
 OPT_FLAGS = {"plain": [], "O": ["-O"], "OO": ["-OO"]}
 TOGGLES = ("KIMI_HOTFIX", "KIMI_HOTFIX_DISABLE", "KIMI_HOTFIX_FORCE", "KIMI_HOTFIX_STRICT",
            "KIMI_HOTFIX_LOG_LEVEL")
+def _registry():
+    """(patch names, their target modules), from the package's registry."""
+    sys.path.insert(0, str(REPO))
+    from kimi_hotfix import registry
+
+    return registry.names(), tuple(p.target for p in registry.patches().values())
+
+
+PATCHES, TARGETS = _registry()
 SUMMARY = "kimi-hotfix {} (".format(
     re.search(r'__version__ = "([^"]+)"', (REPO / "kimi_hotfix" / "__init__.py").read_text()).group(1))
 
@@ -65,6 +74,14 @@ def json_lines(stdout: str) -> list:
 def summary_lines(stderr: str) -> list:
     """Every summary line, in order (all processes)."""
     return [line for line in stderr.splitlines() if SUMMARY in line and " INFO " in line]
+
+
+def line_states(line: str) -> dict:
+    """patch -> its state's kind word(s) in a summary line ("applied",
+    "not needed", "failed", ...: the text before any detail)."""
+    body = line.split("): ", 1)[1]
+    states = dict(part.split(": ", 1) for part in body.split(" | "))
+    return {name: text.split(" (")[0].split(":")[0] for name, text in states.items()}
 
 
 def summary_pid(line: str) -> int:

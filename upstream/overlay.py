@@ -1,14 +1,19 @@
 """Run an installed vLLM with an upstream patch applied, without touching the venv.
 
-``make_overlay(site_packages, patch_file, dest)`` builds ``dest``: a directory to
-put FIRST on ``sys.path``/``PYTHONPATH``. In it, ``vllm`` is a tree of real
-directories whose files are symlinks to the installed package (like
-``cp -rs``), except the files the patch touches: each symlink is replaced by a
-real copy first, then ``patch -p1`` runs on the copies. The installed files are
-hashed before and after; any change to them, a patch that does not apply
-cleanly (no fuzz) or a patch that touches a path outside ``vllm/`` raises
-``OverlayError``. ``importlib.metadata.version("vllm")`` still answers from the
-venv's dist-info.
+``make_overlay(site_packages, patch_file, dest)`` builds ``dest``, a directory
+laid out like vLLM's repository for what the patch touches: ``dest/vllm`` is a
+tree of real directories whose files are symlinks to the installed package
+(like ``cp -rs``), except the files the patch changes: each symlink is replaced
+by a real copy first, then ``patch -p1`` runs in ``dest``, which also creates
+the test files the patch adds (new files under ``tests/``). Put ``dest`` FIRST
+on ``sys.path``/``PYTHONPATH``, or run ``python -m pytest tests/...`` from
+``dest`` (as in vLLM's repository). The installed files are hashed before and
+after; any change to them, a patch that does not apply cleanly (no fuzz), a
+patch that changes a file outside ``vllm/`` or adds one outside ``tests/``
+raises ``OverlayError``. ``importlib.metadata.version("vllm")`` still answers
+from the venv's dist-info. ``make_tree(site_packages, dest, files)`` builds the
+same layout with vLLM as released (no patch) and the given test files: the
+run that shows a regression test failing without its fix.
 
 The compiled bytecode of the installed package is linked too (Python checks a
 ``.pyc`` against its source's mtime and size, which a symlink reports from the
@@ -40,26 +45,64 @@ class OverlayError(RuntimeError):
     """The overlay could not be built as asked (nothing half-built is left)."""
 
 
-def patch_paths(patch_file: Path) -> list[str]:
-    """Paths (relative to the repository root, ``-p1``) that a unified diff touches."""
-    paths: list[str] = []
+def _file_pairs(patch_file: Path) -> list:
+    """(old, new) header paths of each file in a unified diff, ``None`` for /dev/null."""
+    pairs, old = [], None
     for line in Path(patch_file).read_text().splitlines():
-        if not line.startswith(("--- ", "+++ ")):
-            continue
-        name = line[4:].split("\t", 1)[0].strip()
-        if name == "/dev/null":
-            continue
-        parts = PurePosixPath(name).parts
-        if len(parts) < 2 or parts[0] not in ("a", "b"):
-            raise OverlayError(f"{patch_file}: {name!r} is not an a/ or b/ path (-p1)")
-        rel = PurePosixPath(*parts[1:])
-        if rel.is_absolute() or ".." in rel.parts or rel.parts[0] != PACKAGE:
-            raise OverlayError(f"{patch_file}: {name!r} is outside {PACKAGE}/")
-        if str(rel) not in paths:
-            paths.append(str(rel))
-    if not paths:
+        if line.startswith("--- "):
+            old = line[4:].split("\t", 1)[0].strip()
+        elif line.startswith("+++ ") and old is not None:
+            new = line[4:].split("\t", 1)[0].strip()
+            pairs.append((None if old == "/dev/null" else old, None if new == "/dev/null" else new))
+            old = None
+    return pairs
+
+
+def _relative(patch_file, name) -> PurePosixPath:
+    parts = PurePosixPath(name).parts
+    if len(parts) < 2 or parts[0] not in ("a", "b"):
+        raise OverlayError(f"{patch_file}: {name!r} is not an a/ or b/ path (-p1)")
+    rel = PurePosixPath(*parts[1:])
+    if rel.is_absolute() or ".." in rel.parts:
+        raise OverlayError(f"{patch_file}: {name!r} leaves the tree")
+    return rel
+
+
+def _classify(patch_file: Path) -> tuple:
+    """(changed files under vllm/, new files under tests/), relative, in order."""
+    changed: list[str] = []
+    added: list[str] = []
+    pairs = _file_pairs(patch_file)
+    if not pairs:
         raise OverlayError(f"{patch_file}: no file headers (is it a unified diff?)")
-    return paths
+    for old, new in pairs:
+        if old is None and new is not None:
+            rel = _relative(patch_file, new)
+            if rel.parts[0] != "tests":
+                raise OverlayError(f"{patch_file}: adds {str(rel)!r}, outside tests/")
+            added.append(str(rel))
+            continue
+        for name in (old, new):
+            rel = _relative(patch_file, name) if name else None
+            if rel is None or rel.parts[0] != PACKAGE:
+                raise OverlayError(f"{patch_file}: {name!r} is outside {PACKAGE}/")
+        if str(rel) not in changed:
+            changed.append(str(rel))
+    return changed, added
+
+
+def patch_paths(patch_file: Path) -> list[str]:
+    """Paths (relative to the repository root, ``-p1``) of the package files a
+    unified diff changes; its new test files: ``added_paths``."""
+    changed, added = _classify(patch_file)
+    if not changed:
+        raise OverlayError(f"{patch_file}: changes no file under {PACKAGE}/")
+    return changed
+
+
+def added_paths(patch_file: Path) -> list[str]:
+    """Paths of the files the patch creates (regression tests under tests/)."""
+    return _classify(patch_file)[1]
 
 
 def sha256(path: Path) -> str:
@@ -169,6 +212,9 @@ def make_overlay(site_packages: Path, patch_file: Path, dest: Path) -> Path:
         unchanged = sorted(rel for rel in touched if patched[rel] == before[rel])
         if unchanged:
             raise OverlayError(f"the patch left {unchanged} unchanged")
+        missing = [rel for rel in added_paths(patch_file) if not (dest / rel).is_file()]
+        if missing:
+            raise OverlayError(f"the patch did not create {missing}")
         manifest = {
             "site_packages": str(site_packages),
             "patch": str(patch_file),
@@ -178,12 +224,34 @@ def make_overlay(site_packages: Path, patch_file: Path, dest: Path) -> Path:
                 rel: {"original_sha256": before[rel], "patched_sha256": patched[rel]}
                 for rel in touched
             },
+            "added": added_paths(patch_file),
             "patch_output": log.strip().splitlines(),
         }
         (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     except BaseException:
         shutil.rmtree(dest / PACKAGE, ignore_errors=True)  # unlinks links, never targets
+        shutil.rmtree(dest / "tests", ignore_errors=True)
         raise
+    return dest
+
+
+def make_tree(site_packages: Path, dest: Path, files: dict) -> Path:
+    """``dest`` laid out like vLLM's repository with vLLM as released: ``vllm``
+    a symlink to the installed package, ``files`` ({path under tests/: text})
+    written as given. Nothing is copied from or written into the venv."""
+    package = Path(site_packages).resolve() / PACKAGE
+    if not (package / "__init__.py").is_file():
+        raise OverlayError(f"{package} is not an installed {PACKAGE} package")
+    dest = Path(dest).absolute()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise OverlayError(f"{dest} exists and is not an empty directory")
+    dest.mkdir(parents=True, exist_ok=True)
+    os.symlink(package, dest / PACKAGE)
+    for rel, text in files.items():
+        if PurePosixPath(rel).parts[0] != "tests" or ".." in PurePosixPath(rel).parts:
+            raise OverlayError(f"{rel!r} is not under tests/")
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text(text)
     return dest
 
 

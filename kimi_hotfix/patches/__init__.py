@@ -9,4 +9,5 @@ module plus one name below (DEVELOPING.md); the README's table is generated
 from the patches' metadata (scripts/docs).
 """
 
-PATCH_MODULES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
+PATCH_MODULES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows", "inner_dp_group",
+                 "config_checks")

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import json
 
-TARGETS = (
-    "vllm.v1.kv_cache_interface",
-    "vllm.v1.worker.gpu.cudagraph_utils",
-    "vllm.models.kimi_k3.nvidia.kda_metadata",
-)
-PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
+from helpers import PATCHES, TARGETS  # noqa: F401 (from the package's registry)
+
 SEED = {"max_num_seqs": 48, "num_spec": 8}
 CAPABILITY = "non_causal_multi_token_decode"
 

@@ -21,18 +21,19 @@ import pytest
 
 from harness import child, venv_python
 from helpers import (
+    PATCHES,
     REPO,
     STANDINS,
     TOGGLES,
     hermetic_env,
     json_lines,
+    line_states,
     run_python,
     summaries,
     warning_lines,
 )
 from standins.venvs import layered_venv, site_dirs
 
-PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
 PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
 KV_REPORT = (
     "import vllm.v1.kv_cache_interface as kv\n"
@@ -55,14 +56,14 @@ def test_optimized_python_is_patched(release, config, level):
     name, opt, seed = config.split(":")
     run = child(release, name, opt, int(seed))
     assert run["process"]["optimize"] == level
-    assert run.states == {p: "applied" for p in PATCHES}
+    assert run.kinds == {p: "applied" for p in PATCHES}
     wrapped = run["wrapped"]
     assert one_layer_each(wrapped["layers"], wrapped["recorded"])
     assert run["kv"]["merge"]["non_causal_multi_token_decode"] is True
     assert run["battery"]["original_capability_merge"] is False  # vLLM's own, same process
     (lines,) = summaries(run.stderr).values()  # one process, a line per change
-    assert lines[0].endswith(" | ".join(f"{p}: pending" for p in PATCHES))
-    settled = next(line for line in lines if " | ".join(f"{p}: applied" for p in PATCHES) in line)
+    assert line_states(lines[0]) == dict.fromkeys(PATCHES, "pending")
+    settled = next(line for line in lines if line_states(line) == dict.fromkeys(PATCHES, "applied"))
     assert f"python -{'O' * level})" in settled, run.stderr
     assert warning_lines(run.stderr) == []
 
@@ -113,7 +114,7 @@ def test_multiprocessing_children_are_patched(tmp_path, release, method):
     assert kid["capability"] is True and kid["vllm_own_merge_capability"] is False
     lines = summaries(proc.stderr)
     assert list(lines) == [kid["pid"]], proc.stderr  # the child logged, with its own pid
-    assert lines[kid["pid"]][-1].endswith(" | ".join(f"{p}: applied" for p in PATCHES))
+    assert line_states(lines[kid["pid"]][-1]) == dict.fromkeys(PATCHES, "applied")
 
 
 THREADS = (
@@ -156,10 +157,10 @@ def test_threads_importing_vllm_at_once_wrap_once(release):
     out = json_lines(proc.stdout)[0]
     assert out["errors"] == []
     assert out["armed_by"] == ["sitecustomize"]
-    assert out["states"] == {p: "applied" for p in PATCHES}
+    assert out["kinds"] == {p: "applied" for p in PATCHES}
     assert one_layer_each(out["wrapped"], out["recorded"])
     (lines,) = summaries(proc.stderr).values()
-    assert lines[-1].endswith(" | ".join(f"{p}: applied" for p in PATCHES))
+    assert line_states(lines[-1]) == dict.fromkeys(PATCHES, "applied")
 
 
 @pytest.fixture(scope="module")

@@ -20,16 +20,17 @@ def wrapped_layers(module):
     from kimi_hotfix.wrapping import MARKER
 
     found = {}
-    for cname, cls in sorted(vars(module).items()):
-        if not isinstance(cls, type) or cls.__module__ != module.__name__:
-            continue
-        for attr, value in list(vars(cls).items()):
+    owners = [(module.__name__, module)] + [
+        (cname, cls) for cname, cls in sorted(vars(module).items())
+        if isinstance(cls, type) and cls.__module__ == module.__name__]
+    for oname, owner in owners:  # module-level functions, then each class's attributes
+        for attr, value in list(vars(owner).items()):
             layers, obj = 0, value
             while getattr(obj, MARKER, None) is not None:
                 layers += 1
                 obj = obj.__wrapped__
             if layers:
-                found[f"{cname}.{attr}"] = {"patch": getattr(value, MARKER), "layers": layers}
+                found[f"{oname}.{attr}"] = {"patch": getattr(value, MARKER), "layers": layers}
     return found
 
 
@@ -58,6 +59,7 @@ def report(**extra):
         "pid": __import__("os").getpid(),
         "optimize": sys.flags.optimize,
         "states": {name: str(state) for name, state in core.states().items()},
+        "kinds": {name: state.kind.value for name, state in core.states().items()},
         "armed_by": core.armed_by(),
         "wrapped": wrapped,
         "recorded": recorded(core),

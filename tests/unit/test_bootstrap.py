@@ -17,14 +17,21 @@ from __future__ import annotations
 
 import os
 
-from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python, summaries
+from helpers import (
+    PATCHES,
+    REPO,
+    STANDINS,
+    TARGETS,
+    hermetic_env,
+    json_lines,
+    line_states,
+    run_python,
+    summaries,
+)
 
 SITECUSTOMIZE = REPO / "sitecustomize.py"
 CONTAINER_SITE = STANDINS / "container_site"
 COMPLETE = STANDINS / "vllm_complete"
-TARGETS = ("vllm.v1.kv_cache_interface", "vllm.v1.worker.gpu.cudagraph_utils",
-           "vllm.models.kimi_k3.nvidia.kda_metadata")
-PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
 PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
 
 
@@ -86,8 +93,10 @@ def test_trigger_arms_on_vllm_import_and_rearming_never_double_wraps():
         "again = mechanics.report()\n"
         "mods = [sys.modules[t] for t in " + repr(TARGETS) + "]\n"
         "def attr(key):\n"
-        "    cls, name = key.split('.')\n"
-        "    return next(getattr(m, cls) for m in mods if hasattr(m, cls)), name\n"
+        "    owner, name = key.rsplit('.', 1)\n"
+        "    if owner in sys.modules:\n"
+        "        return sys.modules[owner], name\n"
+        "    return next(getattr(m, owner) for m in mods if hasattr(m, owner)), name\n"
         "originals = {k: vars(o)[n].__wrapped__ for k in first['wrapped'] for o, n in [attr(k)]}\n"
         "kimi_hotfix.undo()\n"
         "restored = {k: vars(o)[n] is originals[k] for k in originals for o, n in [attr(k)]}\n"
@@ -103,7 +112,7 @@ def test_trigger_arms_on_vllm_import_and_rearming_never_double_wraps():
     first = out["first"]
     assert first["bootstrap_armed"] is True and first["armed_by"] == ["sitecustomize"]
     assert first["trigger_in_meta_path"] is False  # fired: no longer asked about every import
-    assert first["states"] == {p: "applied" for p in PATCHES}, first["states"]
+    assert first["kinds"] == {p: "applied" for p in PATCHES}, first["states"]
     assert {v["patch"] for v in first["wrapped"].values()} == set(PATCHES)
     assert_one_layer_each(first)
     again = out["again"]  # runpy of the bootstrap: no-op; the API and plugin: idempotent
@@ -116,15 +125,11 @@ def test_trigger_arms_on_vllm_import_and_rearming_never_double_wraps():
     assert out["reapplied"]["wrapped"] == first["wrapped"]
     assert_one_layer_each(out["reapplied"])
     (lines,) = summaries(proc.stderr).values()  # one process; each line differs from the last
-    assert lines[0].endswith(" | ".join(f"{p}: pending" for p in PATCHES))  # armed
-    applied = " | ".join(f"{p}: applied" for p in PATCHES)
-    undone = " | ".join(f"{p}: disabled (undone)" for p in PATCHES)
-    # settled one by one, then undone, then applied again; the re-arming logged nothing
-    assert [line.split("): ", 1)[1] for line in lines] == [
-        " | ".join(f"{p}: pending" for p in PATCHES),
-        "kv_spec_merge: applied | capture_workspace: pending | kda_overlong_rows: pending",
-        "kv_spec_merge: applied | capture_workspace: applied | kda_overlong_rows: pending",
-        applied, undone, applied], lines
+    applied, undone = dict.fromkeys(PATCHES, "applied"), dict.fromkeys(PATCHES, "disabled")
+    # armed, settled one by one, then undone, then applied again; re-arming logged nothing
+    settling = [{p: "applied" if i < n else "pending" for i, p in enumerate(PATCHES)}
+                for n in range(len(PATCHES) + 1)]  # the targets are imported in registry order
+    assert [line_states(line) for line in lines] == [*settling, undone, applied], lines
 
 
 def test_vllm_already_imported_applies_at_once():
@@ -135,11 +140,11 @@ def test_vllm_already_imported_applies_at_once():
         + f"sys.path.insert(0, {str(REPO)!r})\n"
         + PRELUDE
         + "mods = [sys.modules[t] for t in " + repr(TARGETS) + "]\n"
-        "originals = {(c, a): v for m in mods for c in vars(m).values() if isinstance(c, type)\n"
-        "             for a, v in list(vars(c).items()) if a in ('merge', '_init_candidates', 'build')}\n"
+        "owners = mods + [c for m in mods for c in vars(m).values() if isinstance(c, type)]\n"
+        "originals = {(o, a): v for o in owners for a, v in list(vars(o).items())}\n"
         "before = 'kimi_hotfix_sitecustomize' in sys.modules\n"
         "import kimi_hotfix, kimi_hotfix.plugin, runpy\n"
-        "states = {n: str(s) for n, s in kimi_hotfix.arm().items()}\n"
+        "states = {n: s.kind.value for n, s in kimi_hotfix.arm().items()}\n"
         "first = mechanics.report()\n"
         f"runpy.run_path({str(SITECUSTOMIZE)!r})\n"
         "kimi_hotfix.arm()\n"
@@ -164,9 +169,8 @@ def test_vllm_already_imported_applies_at_once():
     assert again["wrapped"] == first["wrapped"]
     assert out["n_originals"] >= len(first["wrapped"]) and out["restored"] is True
     (lines,) = summaries(proc.stderr).values()
-    applied = " | ".join(f"{p}: applied" for p in PATCHES)
-    assert [line.split("): ", 1)[1] for line in lines] == [
-        applied, " | ".join(f"{p}: disabled (undone)" for p in PATCHES)], lines
+    assert [line_states(line) for line in lines] == [
+        dict.fromkeys(PATCHES, "applied"), dict.fromkeys(PATCHES, "disabled")], lines
 
 
 def _chain_env(tmp_path, *path, **extra):
@@ -243,9 +247,9 @@ def test_multiprocessing_children_arm_the_shim(tmp_path):
     assert out.pop("parent_armed") is False
     for method, kid in out.items():
         assert kid["armed_by"] == ["sitecustomize"], method
-        assert kid["states"] == {p: "applied" for p in PATCHES}, (method, kid["states"])
+        assert kid["kinds"] == {p: "applied" for p in PATCHES}, (method, kid["states"])
         assert_one_layer_each(kid)
     lines = summaries(proc.stderr)
     assert set(lines) == {kid["pid"] for kid in out.values()}  # one process each, the children
-    applied = " | ".join(f"{p}: applied" for p in PATCHES)
-    assert all(found[-1].endswith(applied) for found in lines.values()), lines
+    assert all(line_states(found[-1]) == dict.fromkeys(PATCHES, "applied")
+               for found in lines.values()), lines

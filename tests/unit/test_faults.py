@@ -22,8 +22,10 @@ import sys
 import pytest
 
 from helpers import (
+    PATCHES,
     REPO,
     STANDINS,
+    TARGETS,
     TOGGLES,
     final_summary,
     hermetic_env,
@@ -32,9 +34,6 @@ from helpers import (
     warning_lines,
 )
 
-PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
-TARGETS = ("vllm.v1.kv_cache_interface", "vllm.v1.worker.gpu.cudagraph_utils",
-           "vllm.models.kimi_k3.nvidia.kda_metadata")
 PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
 
 
@@ -166,15 +165,17 @@ def test_target_symbol_missing_warns_skips_host_runs():
     )
     proc = run_python(["-c", code], env=env)
     out = json_lines(proc.stdout)[0]
-    assert out["values"] == ["kv_cache_interface works", "cudagraph_utils works", "kda_metadata works"]
+    assert out["values"] == [f"{t.split('.')[-1]} works" for t in TARGETS]
     assert out["wrapped"] == {}
     assert out["states"] == {
         "kv_spec_merge": "failed: vllm.v1.kv_cache_interface.KVCacheSpec not found",
         "capture_workspace": "failed: CudaGraphManager._init_candidates not found",
         "kda_overlong_rows": "failed: KimiK3KDAMetadataBuilder.build not found",
+        "inner_dp_group": "not affected (no get_inner_dp_world_group in this vLLM)",
+        "config_checks": "failed: vllm.config.vllm.VllmConfig not found",
     }
     warnings = warning_lines(proc.stderr)
-    assert len(warnings) == 3 and all("could not apply" in w for w in warnings), proc.stderr
+    assert len(warnings) == 4 and all("could not apply" in w for w in warnings), proc.stderr
     assert final_summary(proc.stderr).endswith(
         " | ".join(f"{name}: {text}" for name, text in out["states"].items()))
 
@@ -201,8 +202,8 @@ GARBAGE = {
 }
 VALID_LISTED = {
     "KIMI_HOTFIX": "valid values: 1/on/true/yes or 0/off/false/no",
-    "KIMI_HOTFIX_DISABLE": "valid names: kv_spec_merge, capture_workspace, kda_overlong_rows, or *",
-    "KIMI_HOTFIX_FORCE": "valid names: kv_spec_merge, capture_workspace, kda_overlong_rows, or *",
+    "KIMI_HOTFIX_DISABLE": f"valid names: {', '.join(PATCHES)}, or *",
+    "KIMI_HOTFIX_FORCE": f"valid names: {', '.join(PATCHES)}, or *",
     "KIMI_HOTFIX_STRICT": "valid values: 1/on/true/yes or 0/off/false/no",
     "KIMI_HOTFIX_LOG_LEVEL": "valid values: DEBUG, INFO, WARNING, ERROR, CRITICAL",
 }

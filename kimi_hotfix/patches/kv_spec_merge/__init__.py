@@ -43,38 +43,21 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from kimi_hotfix import base, recompile, versions, wrapping
+from kimi_hotfix import base, hardening, recompile, versions, wrapping
 
 CAPABILITY = "non_causal_multi_token_decode"
 ASSERTS_MEASURED_UP_TO = "0.33.0"  # every release up to this one guards merges with assert
 
 
-class _AssertToRaise(ast.NodeTransformer):
-    """``assert test, msg`` -> ``if not test: raise AssertionError(msg)``."""
-
-    def visit_Assert(self, node):
-        raise_exc = ast.Raise(
-            exc=ast.Call(
-                func=ast.Name(id="AssertionError", ctx=ast.Load()),
-                args=[node.msg] if node.msg is not None else [],
-                keywords=[],
-            ),
-            cause=None,
-        )
-        check = ast.If(
-            test=ast.UnaryOp(op=ast.Not(), operand=node.test), body=[raise_exc], orelse=[]
-        )
-        return ast.fix_missing_locations(ast.copy_location(check, node))
-
-
 def has_assert(func) -> bool:
+    """Does ``func``'s code hold an ``assert`` (PatchError without source)?"""
     return any(isinstance(n, ast.Assert) for n in ast.walk(recompile.function_ast(func)))
 
 
 def harden(func):
     """Recompile vLLM's ``func`` with its asserts turned into explicit raises
     (``optimize=0``: the raises stay under ``-O``)."""
-    return recompile.recompile(func, _AssertToRaise().visit, optimize=0)
+    return hardening.harden(func)
 
 
 def merge_classes(module):
@@ -142,6 +125,7 @@ class KVSpecMergePatch(base.Patch):
     decides = ("under -O: a source check for merges still guarded by assert; and a "
                "behaviour probe: MLAAttentionSpec.merge(target, draft) keeps the capability")
     probe_title = "vLLM's planner groups Kimi-K3 MLA target + DSpark draft + KDA layers"
+    asserts_measured_up_to = ASSERTS_MEASURED_UP_TO
     fixed_in_text = (f"{fixed_in} (the capability); the -O asserts: not fixed in any release "
                      f"up to {ASSERTS_MEASURED_UP_TO}")
 
@@ -188,11 +172,7 @@ class KVSpecMergePatch(base.Patch):
             if not versions.at_least(version, "0.29.0"):
                 needed, text = False, f"not needed: vLLM {version} merges the capability with any()"
             return needed, text + "; under -O it is needed while the merges guard with assert"
-        if versions.at_least(version, versions.next_micro(ASSERTS_MEASURED_UP_TO)):
-            return None, (f"under -O: unknown past {ASSERTS_MEASURED_UP_TO}; the source check "
-                          "decides (needed while a merge guards with assert)")
-        return True, (f"needed under -O: the spec merges guard with bare asserts in every "
-                      f"release up to {ASSERTS_MEASURED_UP_TO}")
+        return self.expect_optimized(version, "a spec merge")
 
 
 def _make_wrapper(impl, hardened: bool, capability: bool, ctx):

@@ -1,0 +1,131 @@
+"""Plain-Python checks under ``python -O``, one vLLM function at a time.
+
+``python -O`` strips every ``assert``. Where vLLM guards a configuration or an
+invariant with ``assert``, plain Python refuses what ``-O`` accepts; where a
+caller catches the AssertionError to fall back, ``-O`` skips the fallback.
+This module gives a named vLLM function its plain-Python behaviour back:
+
+- ``asserts(func)``: how many ``assert`` statements the function's own source
+  holds (a structural check on its parsed source, not on text a comment could
+  satisfy); ``None`` where the source is unavailable;
+- ``harden(func)``: the function recompiled from vLLM's own source with each
+  ``assert cond, msg`` written as ``if not cond: raise AssertionError(msg)``,
+  compiled with ``optimize=0`` (kimi_hotfix.recompile: checked byte for byte
+  against the running code first; PatchError otherwise);
+- ``OnFirstCall(name, funcs).wrapper(func)``: a wrapper for ``wrap()`` that
+  hardens the functions the first time one of them is called, not when vLLM
+  imports them. The functions hardened here run once or rarely (start-up checks, a barrier's
+  group lookup) and their modules are large: recompiling means parsing the
+  whole module (30 to 80 ms for vllm/config/vllm.py or
+  vllm/distributed/parallel_state.py), which only the process that calls the
+  function should pay (bench/o_parity_mechanism.py). If hardening fails on that
+  first call (the source does not match the running code), the wrapper logs
+  once (``ctx.failed``), runs vLLM's own function from then on, and strict mode
+  raises.
+
+The AssertionError raised is the one plain Python raises: same type, same
+message, same condition evaluated once. The rewrite keeps the function's
+name, defaults, annotations, ``__dict__`` and line numbers.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import threading
+
+from kimi_hotfix import recompile
+from kimi_hotfix.base import PatchError
+
+
+class AssertToRaise(ast.NodeTransformer):
+    """``assert test, msg`` -> ``if not test: raise AssertionError(msg)``."""
+
+    def visit_Assert(self, node):
+        raise_exc = ast.Raise(
+            exc=ast.Call(
+                func=ast.Name(id="AssertionError", ctx=ast.Load()),
+                args=[node.msg] if node.msg is not None else [],
+                keywords=[],
+            ),
+            cause=None,
+        )
+        check = ast.If(
+            test=ast.UnaryOp(op=ast.Not(), operand=node.test), body=[raise_exc], orelse=[]
+        )
+        return ast.fix_missing_locations(ast.copy_location(check, node))
+
+
+def asserts(func):
+    """Number of ``assert`` statements in ``func``'s source (nested defs
+    included), or None when it has no source (kimi_hotfix.recompile reads it:
+    the def alone, not the whole module, where it can)."""
+    if getattr(func, "__code__", None) is None:
+        return None
+    try:
+        tree = recompile.function_ast(func)
+    except PatchError:
+        return None
+    return sum(isinstance(n, ast.Assert) for n in ast.walk(tree))
+
+
+def harden(func):
+    """``func`` recompiled with its asserts as explicit raises, compiled with
+    ``optimize=0`` (PatchError if its source does not match the running code)."""
+    return recompile.recompile(func, AssertToRaise().visit, optimize=0)
+
+
+class OnFirstCall:
+    """Wrappers for ``ctx.wrap()`` that call the hardened functions in place of
+    vLLM's; all of ``funcs`` are hardened together, on the first call of any
+    of them (one parse of their module), once per process. ``funcs`` are the
+    undecorated functions (for methods, the functions in the class
+    ``__dict__``); ``ctx`` is the patch's context (its ``failed`` reports a
+    recompile that fails on that first call)."""
+
+    def __init__(self, ctx, funcs, instead="vLLM's own function runs (its asserts stripped by -O)"):
+        self.ctx, self.name, self.funcs, self.instead = ctx, ctx.name, list(funcs), instead
+        self.impls = None  # {func: hardened or None}, built on the first call
+        self._lock = threading.RLock()
+
+    def impl(self, func):
+        if self.impls is None:
+            with self._lock:
+                if self.impls is None:
+                    self.impls = self._build()
+        return self.impls.get(func)
+
+    def _build(self):
+        impls = {}
+        failure = None
+        try:
+            for func in self.funcs:
+                impls[func] = recompile.recompile(func, AssertToRaise().visit, optimize=0)
+        except Exception as exc:  # all or nothing: vLLM's own functions from now on
+            impls, failure = dict.fromkeys(self.funcs), exc
+        finally:
+            recompile.forget()  # the parsed module served these functions only
+        if failure is not None:
+            self.ctx.failed(failure, self.instead)  # strict mode raises
+        return impls
+
+    def wrapper(self, func):
+        def first_call_wrapper(wrapped, instance, args, kwargs):
+            impl = self.impl(func)  # contains its own failures (strict mode raises)
+            if impl is None:
+                return wrapped(*args, **kwargs)
+            if instance is None:
+                return impl(*args, **kwargs)
+            return impl(instance, *args, **kwargs)
+
+        first_call_wrapper.__qualname__ = f"kimi_hotfix.{self.name}[{func.__qualname__}]"
+        return first_call_wrapper
+
+
+def require(owner, attr):
+    """``owner.attr`` as stored in its ``__dict__`` (a plain function), or PatchError."""
+    value = vars(owner).get(attr)
+    if value is None or not inspect.isfunction(value):
+        where = getattr(owner, "__qualname__", getattr(owner, "__name__", owner))
+        raise PatchError(f"{where}.{attr} not found (or not a plain function)")
+    return value

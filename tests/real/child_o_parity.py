@@ -1,0 +1,216 @@
+"""One child of a real vLLM venv: the -O hazards the new patches cover, without
+and with each patch. Prints one ``KIMI_JSON:`` line.
+
+    python [-O] tests/real/child_o_parity.py
+
+Run with ``KIMI_HOTFIX=0``: the shim arms nothing by itself; this script applies
+inner_dp_group and config_checks through their own ``apply`` (with the shim's
+recorder) and puts vLLM's functions back after each case.
+
+  barrier   vLLM's ``_all_workers_barrier`` (CPU KV offload) in a one-process
+            gloo world built with vLLM's own ``init_world_group``, no inner-DP
+            group (a single-node worker): "ok" or the error
+  config    ``VllmConfig.validate_block_size`` on a DCP8 config whose interleave
+            size does not fit the block, and on one that fits; the NIXL P/D
+            DCP check of ``VllmConfig.__post_init__`` where the release has it
+  decide    each patch's decision in this interpreter
+  probes    each patch's probe, without and with the patch
+
+No ``assert`` here: the child runs under -O.
+"""
+
+import json
+import os
+import socket
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, REPO)
+OUT = {"sections": {}}
+
+
+def section(name):
+    def run(fn):
+        try:
+            OUT["sections"][name] = fn()
+        except Exception:
+            OUT["sections"][name] = {"error": traceback.format_exc()[-3000:]}
+        return fn
+
+    return run
+
+
+def outcome(call):
+    try:
+        value = call()
+    except Exception as exc:
+        return " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
+    return "ok" if value is None else f"returned {value!r}"[:300]
+
+
+def patched(patch, module, call):
+    """``call()`` with ``patch`` applied to ``module``; vLLM's own objects back after."""
+    from kimi_hotfix import core, state, wrapping
+
+    records = []
+    patch.apply(module, wrapping.PatchContext(patch.name, records, core.load_wrapt,
+                                              state.wrapper_failed))
+    try:
+        return call()
+    finally:
+        wrapping.uninstall(records)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@section("process")
+def _process():
+    import vllm
+
+    return {"optimize": sys.flags.optimize, "vllm": vllm.__version__,
+            "kimi_hotfix": os.environ.get("KIMI_HOTFIX")}
+
+
+@section("barrier")
+def _barrier():
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state
+    from vllm.v1.kv_offload.cpu import spec
+
+    from kimi_hotfix.patches.inner_dp_group import PATCH
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
+                            world_size=1, rank=0)
+    parallel_state._WORLD = parallel_state.init_world_group([0], 0, "gloo")
+    inner = parallel_state._INNER_DP_WORLD
+    out = {"inner_dp_world": None if inner is None else repr(inner)}
+    out["without"] = outcome(spec._all_workers_barrier)
+    out["with"] = patched(PATCH, parallel_state, lambda: outcome(spec._all_workers_barrier))
+    def getter():
+        return outcome(lambda: repr(parallel_state.get_inner_dp_world_group()))
+
+    out["getter_without"] = getter()
+    out["getter_with"] = patched(PATCH, parallel_state, getter)
+    out["restored"] = parallel_state.get_inner_dp_world_group.__module__ == parallel_state.__name__
+    return out
+
+
+def _nixl(config_module, patch):
+    """VllmConfig(...) with NIXL P/D and DCP 4 on TP 8 (the check wants 1 or 8)."""
+    import inspect
+
+    source = inspect.getsource(config_module.VllmConfig.__post_init__)
+    if "NIXL transfer parallel size" not in source:
+        return {"present": False}
+
+    def build():
+        from vllm.config import KVTransferConfig, ParallelConfig, VllmConfig
+
+        VllmConfig(
+            parallel_config=ParallelConfig(tensor_parallel_size=8, decode_context_parallel_size=4),
+            kv_transfer_config=KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both"),
+        )
+
+    return {"present": True, "without": outcome(build),
+            "with": patched(patch, config_module, lambda: outcome(build))}
+
+
+@section("config")
+def _config():
+    from vllm.config import vllm as config_module
+
+    from kimi_hotfix.patches.config_checks import PATCH, probe
+
+    out = {}
+    for label, interleave in (("misfit", 128), ("fit", 64)):
+        def run(interleave=interleave):
+            config = probe.misfit_config()
+            config.parallel_config.cp_kv_cache_interleave_size = interleave
+            return outcome(config.validate_block_size)
+
+        out[label] = {"without": run(), "with": patched(PATCH, config_module, run)}
+    out["nixl"] = _nixl(config_module, PATCH)
+    out["default_config"] = {
+        "without": outcome(lambda: config_module.VllmConfig() and None),
+        "with": patched(PATCH, config_module,
+                        lambda: outcome(lambda: config_module.VllmConfig() and None)),
+    }
+    return out
+
+
+@section("planner")
+def _planner():
+    """The planner's start-up invariants (no patch): workers whose specs differ,
+    and (0.33) a grouping that leaves a layer out."""
+    import importlib
+
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
+
+    def spec(dtype):
+        return FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=dtype)
+
+    workers = [{"model.layers.0.attn": spec(torch.bfloat16)},
+               {"model.layers.0.attn": spec(torch.float16)}]
+    out = {}
+    try:
+        planning = importlib.import_module("vllm.v1.core.kv_cache_planning")
+    except ImportError:
+        planning = None
+    if planning is not None and hasattr(planning, "get_global_kv_cache_groups"):
+        out["where"] = "kv_cache_planning.get_global_kv_cache_groups"
+        out["workers_differ"] = outcome(
+            lambda: planning.get_global_kv_cache_groups(VllmConfig(), workers) and None)
+        groups = [KVCacheGroupSpec(["model.layers.0.attn"], spec(torch.bfloat16))]
+        specs = {"model.layers.0.attn": spec(torch.bfloat16),
+                 "model.layers.1.attn": spec(torch.bfloat16)}
+        out["partition_misses_a_layer"] = outcome(
+            lambda: planning._check_exact_partition(groups, specs))
+    else:
+        utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+        out["where"] = "kv_cache_utils.get_kv_cache_configs"
+        out["workers_differ"] = outcome(
+            lambda: utils.get_kv_cache_configs(VllmConfig(), workers, [1 << 30, 1 << 30]) and None)
+    return out
+
+
+@section("decide")
+def _decide():
+    from vllm.config import vllm as config_module
+    from vllm.distributed import parallel_state
+
+    from kimi_hotfix.patches.config_checks import PATCH as CONFIG
+    from kimi_hotfix.patches.inner_dp_group import PATCH as INNER
+
+    out = {}
+    for patch, module in ((INNER, parallel_state), (CONFIG, config_module)):
+        decision = patch.check(module, sys.flags.optimize)
+        out[patch.name] = {"verdict": decision.verdict, "reason": decision.reason}
+    return out
+
+
+@section("probes")
+def _probes():
+    from vllm.config import vllm as config_module
+    from vllm.distributed import parallel_state
+
+    from kimi_hotfix.patches.config_checks import PATCH as CONFIG
+    from kimi_hotfix.patches.inner_dp_group import PATCH as INNER
+
+    out = {}
+    saved_world = parallel_state._WORLD
+    for patch, module in ((INNER, parallel_state), (CONFIG, config_module)):
+        out[patch.name] = {"without": patch.probe().as_dict(),
+                           "with": patched(patch, module, lambda p=patch: p.probe().as_dict())}
+    parallel_state._WORLD = saved_world
+    return out
+
+
+print("KIMI_JSON:" + json.dumps(OUT), flush=True)

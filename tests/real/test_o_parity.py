@@ -1,0 +1,104 @@
+"""The -O hazards behind inner_dp_group and config_checks, on the real wheels.
+
+One child per (release, plain or -O), with the shim off (KIMI_HOTFIX=0); the
+child applies each patch through its own ``apply`` for the "with" cases and
+puts vLLM's functions back after (tests/real/child_o_parity.py). Each test
+shows plain Python and -O differing without the patch, and the patch giving
+-O plain Python's behaviour, refusals included, and nothing more.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from harness import venv_python
+from helpers import hermetic_env, json_lines, run_python
+
+pytestmark = pytest.mark.releases("0.29.0", "0.30.0", "0.33.0")
+CHILD = Path(__file__).resolve().parent / "child_o_parity.py"
+NO_BARRIER = "AttributeError: 'NoneType' object has no attribute 'barrier'"
+INTERLEAVE = ("AssertionError: Block_size(64) should be greater than or equal to and divisible "
+              "by cp_kv_cache_interleave_size (128).")
+
+
+@functools.cache
+def _run(release, opt):
+    proc = run_python([str(CHILD)], python=venv_python(release), flags=["-O"] if opt else [],
+                      env=hermetic_env(KIMI_HOTFIX="0"), timeout=600)
+    found = json_lines(proc.stdout)
+    if not found:
+        raise AssertionError(f"no output from {CHILD.name} ({release}, -O={opt}):\n{proc.stderr}")
+    return found[-1]["sections"]
+
+
+def sections(release, opt):
+    out = _run(release, opt)
+    broken = {k: v["error"] for k, v in out.items() if isinstance(v, dict) and set(v) == {"error"}}
+    assert not broken, broken
+    assert out["process"]["optimize"] == opt and out["process"]["vllm"] == release
+    return out
+
+
+def test_cpu_offload_barrier_needs_the_getter_to_raise(release):
+    plain, optimized = sections(release, 0)["barrier"], sections(release, 1)["barrier"]
+    for case in (plain, optimized):  # a single-node worker: no inner-DP world group
+        assert case["inner_dp_world"] is None and case["restored"] is True
+    assert plain["without"] == "ok" and plain["getter_without"].startswith("AssertionError")
+    # -O without the patch: the getter returns None, the barrier raises at worker start-up
+    assert optimized["getter_without"] == "returned 'None'"
+    assert optimized["without"] == NO_BARRIER
+    # the patch: plain Python's AssertionError, so the fallback to the world group runs
+    assert optimized["getter_with"] == plain["getter_without"]
+    assert optimized["with"] == plain["with"] == "ok"
+
+
+def test_dcp_interleave_check_refuses_under_O_only_with_the_patch(release):
+    plain, optimized = sections(release, 0)["config"], sections(release, 1)["config"]
+    assert plain["misfit"] == {"without": INTERLEAVE, "with": INTERLEAVE}
+    assert optimized["misfit"] == {"without": "ok", "with": INTERLEAVE}  # -O accepts the misfit
+    for config in (plain, optimized):  # no new failure: what plain Python accepts stays accepted
+        assert config["fit"] == {"without": "ok", "with": "ok"}
+        assert config["default_config"] == {"without": "ok", "with": "ok"}
+
+
+@pytest.mark.releases("0.30.0", "0.33.0")
+def test_nixl_dcp_check_refuses_under_O_only_with_the_patch(release):
+    plain, optimized = sections(release, 0)["config"]["nixl"], sections(release, 1)["config"]["nixl"]
+    assert plain["present"] and optimized["present"]
+    refused = "decode_context_parallel_size=4 must be 1 or equal to the NIXL transfer parallel size=8"
+    assert plain["without"].startswith("ValidationError") and refused in plain["without"]
+    assert plain["with"] == plain["without"]
+    assert optimized["without"] == "ok"  # -O: the check is gone
+    assert optimized["with"] == plain["without"]
+
+
+def test_0_29_has_no_nixl_dcp_check():
+    assert sections("0.29.0", 1)["config"]["nixl"] == {"present": False}
+
+
+def test_decisions_and_probes(release):
+    for opt in (0, 1):
+        out = sections(release, opt)
+        for name in ("inner_dp_group", "config_checks"):
+            verdict = out["decide"][name]["verdict"]
+            assert verdict == ("needed" if opt else "not_affected"), out["decide"][name]
+            probe = out["probes"][name]
+            assert probe["with"]["ok"] is True, probe
+            assert probe["without"]["ok"] is (not opt), probe
+
+
+def test_planner_invariants_vanish_under_O_and_are_not_patched(release):
+    """Reachable at every start-up, different only when workers disagree or a
+    grouping leaves a layer out; not patched (docs/o-parity.md says why)."""
+    plain, optimized = sections(release, 0)["planner"], sections(release, 1)["planner"]
+    assert plain["where"] == optimized["where"]
+    assert plain["workers_differ"].startswith("AssertionError: The KV cache specs for the same "
+                                              "layer are different across workers")
+    assert "different across workers" not in optimized["workers_differ"]
+    if release == "0.33.0":
+        assert plain["partition_misses_a_layer"] == ("AssertionError: KV cache groups miss layers: "
+                                                     "['model.layers.1.attn'].")
+        assert optimized["partition_misses_a_layer"] == "ok"
