@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 
-from helpers import PATCHES, TARGETS  # noqa: F401 (from the package's registry)
+from kimi_hotfix import registry  # the shim is on every child's PYTHONPATH
+
+PATCHES = registry.names()
+TARGETS = tuple(patch.target for patch in registry.patches().values())
 
 SEED = {"max_num_seqs": 48, "num_spec": 8}
 CAPABILITY = "non_causal_multi_token_decode"
