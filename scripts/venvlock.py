@@ -230,11 +230,11 @@ def write_lock(name, upgrade=False):
             args += ["--constraint", "pinned.in"]
         if path.is_file() and not upgrade:  # uv prefers the pins of an existing output file
             (t / "resolved.txt").write_text(split_lock(path.read_text())[1].partition(NODEPS_MARK)[0])
-        uv_run(uv, *args, cwd=t)
+        run(uv, *args, cwd=t)
         body = (t / "resolved.txt").read_text()
         if k["no_deps"]:
             (t / "nodeps.in").write_text("\n".join(k["no_deps"]) + "\n")
-            uv_run(uv, *common, "--no-deps", "nodeps.in", "-o", "nodeps.txt", cwd=t)
+            run(uv, *common, "--no-deps", "nodeps.in", "-o", "nodeps.txt", cwd=t)
             body += NODEPS_MARK + (t / "nodeps.txt").read_text()
     fields = {"inputs-sha256": inputs_sha(k), "body-sha256": sha256(body),
               "inputs": json.dumps(inputs(k), sort_keys=True)}
@@ -274,10 +274,6 @@ def run(*args, cwd=None, **extra_env):
         sys.stderr.write(proc.stdout[-6000:])
         raise subprocess.CalledProcessError(proc.returncode, args)
     return proc.stdout
-
-
-def uv_run(uv, *args, cwd=None):
-    return run(uv, *args, cwd=cwd)
 
 
 @contextmanager
