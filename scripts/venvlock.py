@@ -317,7 +317,8 @@ def stamped(venv, text):
 
 def fresh_dir(path):
     """Remove ``path`` (stamp first: a half-removed venv is never taken for a built one)."""
-    (path / ".kimi-hotfix-stamp").unlink(missing_ok=True) if path.is_dir() else None
+    if path.is_dir():
+        (path / ".kimi-hotfix-stamp").unlink(missing_ok=True)
     shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -330,9 +331,9 @@ def uv_binary():
     which only scripts/lock meets: it rewrites locks/uv.txt first)."""
     venv, lock = VENVS / "uv", lock_path("uv")
     fresh = stale("uv") is None
-    text = f"{sys.version}\n{sha256(lock.read_bytes()) if fresh else UV}\n"
+    text = f"{sha256(lock.read_bytes()) if fresh else UV}\n"  # uv is a binary: any Python will do
     with locked("uv"):
-        if not stamped(venv, text):
+        if not stamped(venv, text) or not (venv / "bin" / "uv").is_file():
             log(f"installing {UV} into {venv} with pip")
             fresh_dir(venv)
             run(sys.executable, "-m", "venv", venv)
