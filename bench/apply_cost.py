@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the shim adds to a vLLM import, all of it, as a share of that import.
 
-    ~/.cache/kimi-hotfix/venvs/vllm-0.29.0/bin/python bench/apply_cost.py [--rounds 5] [-O]
+    ~/.cache/kimi-hotfix/uv-venvs/vllm-0.29.0-py3.11/bin/python bench/apply_cost.py [--rounds 5] [-O]
 
 The import measured is that of the three modules the patches target
 (vllm.v1.kv_cache_interface, vllm.v1.worker.gpu.cudagraph_utils,

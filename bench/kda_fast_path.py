@@ -49,7 +49,7 @@ where the patch is not needed it is forced on for the measurement):
 
     VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
     VLLM_LOGGING_LEVEL=ERROR PYTHONPATH=. \
-    ~/.cache/kimi-hotfix/venvs/vllm-0.29.0/bin/python bench/kda_fast_path.py \
+    ~/.cache/kimi-hotfix/uv-venvs/vllm-0.29.0-py3.11/bin/python bench/kda_fast_path.py \
         [--pairs 20000] [--rounds 41] [--micro-calls 100000]
 """
 

@@ -2,7 +2,7 @@
 """Start-up cost of the shim in a process that never imports vLLM.
 
     python bench/startup.py                       # this interpreter, 300 rounds
-    ~/.cache/kimi-hotfix/venvs/vllm-0.29.0/bin/python bench/startup.py --rounds 500
+    ~/.cache/kimi-hotfix/uv-venvs/vllm-0.29.0-py3.11/bin/python bench/startup.py --rounds 500
 
 Runs ``python -c pass`` side by side, interleaved (every round runs each variant
 once, in a shuffled order) and reports, per variant, the median wall time and

@@ -1,7 +1,8 @@
 """Multi-node reach (issue 4 item 5): a Ray worker is patched.
 
-Ray is installed from the registry into a venv layered over the real vLLM 0.29.0
-venv (cached under ~/.cache/kimi-hotfix/venvs; a machine that cannot install it
+Ray runs from its own venv, built by scripts/build-venv from
+locks/ray-0.29.0-py3.11.txt: the 0.29.0 venv's lock plus ray, every package the
+two share pinned to the 0.29.0 lock's version (a machine that cannot build it
 fails this test, never skips it). A local CPU-only Ray cluster (loopback, no
 dashboard, 2 CPUs) starts; tasks and an actor are started with
 ``runtime_env={"env_vars": {"PYTHONPATH": <shim>, "PYTHONOPTIMIZE": "1"}}``,
@@ -14,46 +15,24 @@ setup with KIMI_HOTFIX=0 shows vLLM's own -O bug in the same run.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from harness import venv_python
 from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python
-from standins.venvs import layered_venv, site_dirs
 
 pytestmark = pytest.mark.releases("0.29.0")
 
-RAY = "ray==2.58.0"
-CACHE = Path(os.environ.get("KIMI_HOTFIX_CACHE", Path.home() / ".cache" / "kimi-hotfix"))
-
 
 def ray_python(release) -> str:
-    """The cached venv (vLLM venv packages + ray); built once, under a lock."""
-    base = venv_python(release)
-    prefix = Path(base).parents[1]
-    venv = CACHE / "venvs" / f"ray-over-vllm-{release}"
-    base_stamp = prefix / ".kimi-hotfix-stamp"
-    stamp_text = f"{RAY} over {prefix}: {base_stamp.read_text().strip() if base_stamp.exists() else '?'}"
-    stamp = venv / ".kimi-hotfix-stamp"
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and stamp.read_text() == stamp_text:
-            return str(venv / "bin" / "python")
-        shutil.rmtree(venv, ignore_errors=True)
-        python = layered_venv(venv, base, site_dirs(base))
-        # the vLLM venv's pip installs ray (and only what the vLLM venv lacks)
-        run_python(
-            ["-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check", RAY],
-            python=base, env=hermetic_env(shim=False, PIP_ROOT_USER_ACTION="ignore"), timeout=900,
-        )
-        run_python(["-c", "import ray, vllm"], python=python, env=hermetic_env(shim=False))
-        stamp.write_text(stamp_text)
-        return python
+    """The python of the ray venv over ``release`` (built from its lock if needed)."""
+    proc = subprocess.run([str(REPO / "scripts" / "build-venv"), "ray-" + release + "-py3.11"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, f"could not build the ray venv:\n{proc.stderr[-4000:]}"
+    return str(Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "python")
 
 
 DRIVER = """

@@ -7,11 +7,10 @@ and friends import from the cached vLLM venv, while a hidden package (wrapt) is
 genuinely absent: ``import wrapt`` raises ModuleNotFoundError, exactly as in a
 container that never installed it.
 
-The cached vLLM venvs (scripts/build-venv) are themselves layered: their own
-site-packages adds the unpacked vLLM and a shared dependency layer through a
-``.pth`` file. ``site_dirs`` and ``vllm_site_dirs`` return all of those
-directories; pass them (not the purelib alone, which holds only that ``.pth``)
-as ``layers``.
+The cached vLLM venvs (scripts/build-venv) are plain venvs built by uv from
+their lock files: ``site_dirs`` returns their site-packages and any directory a
+``.pth`` file there adds (none today); pass them as ``layers``, so that a venv
+layered over one sees what it sees.
 """
 
 from __future__ import annotations
