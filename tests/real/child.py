@@ -125,8 +125,8 @@ def process():
 @section("wrapped")
 def wrapped():
     layers = {}
-    for module in (kvi, cudagraph_utils, kda_metadata):
-        layers.update(mechanics.wrapped_layers(module))
+    for target in cases.TARGETS:
+        layers.update(mechanics.wrapped_layers(sys.modules[target]))
     merges = {c.__name__: core.is_wrapped(vars(c)["merge"]) for c in vars(kvi).values()
               if isinstance(c, type) and "merge" in vars(c) and issubclass(c, kvi.KVCacheSpec)}
     return {"layers": layers, "recorded": mechanics.recorded(core), "merge": merges,

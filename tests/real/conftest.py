@@ -37,8 +37,11 @@ def pytest_collection_modifyitems(config, items):
     chosen = selected(config)
     keep, drop = [], []
     for item in items:
-        release = getattr(item, "callspec", None) and item.callspec.params.get("release")
-        (drop if release and release not in chosen else keep).append(item)
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        release = params.get("release")
+        planned = params.get("config") in PLAN.get(release, ()) if "config" in params else True
+        # a (release, configuration) pair the plan does not run is not a test here
+        (drop if release and (release not in chosen or not planned) else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -151,7 +151,7 @@ def test_the_cpu_offload_getter_site_is_listed(release):
     assert getter["how"] == "import" and getter["depth"] == 1
     for entry in (site, getter):
         assert (entry["verdict"], entry["patch"]) == ("covered", "inner_dp_group")
-        assert entry["patch_armed"] is False  # shipped; armed once ported (PATCH_MODULES)
+        assert entry["patch_armed"] is True  # registered in PATCH_MODULES
 
 
 @pytest.mark.releases("0.33.0")

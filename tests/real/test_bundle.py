@@ -316,8 +316,7 @@ def test_bundle_with_real_vllm_in_a_venv_without_wrapt(tmp_path, release, bundle
     )
     out = json_lines(run_python(["-c", code], python=python, flags=["-O"], env=env, cwd=tmp_path).stdout)[0]
     assert out["kimi_hotfix_file"].startswith(str(bundle))
-    assert out["states"] == {"kv_spec_merge": "applied", "capture_workspace": "applied",
-                             "kda_overlong_rows": "applied"}
+    assert out["kinds"] == {p: "applied" for p in PATCHES}, out["states"]
     assert out["wrapped"]["MLAAttentionSpec.merge"] == {"patch": "kv_spec_merge", "layers": 1}
     assert out["capability"] is True and out["vllm_own_merge_capability"] is False
     assert out["top_level_modules"] == [] and out["import_wrapt"] == NO_WRAPT

@@ -21,10 +21,6 @@ CAPABILITY = "non_causal_multi_token_decode"
 LEVEL = {"plain": 0, "O": 1, "OO": 2}
 
 
-def runs_for(release):
-    return SHIM_RUNS if not release.endswith("py3.12") else ("on:plain:0", "on:O:0")
-
-
 def kv_results(run):
     kv = run["kv"]
     return {"merge": kv["merge"], **kv["groupings"]}
@@ -45,10 +41,8 @@ def test_reference_is_unpatched_plain_033():
 
 
 @pytest.mark.releases(*ALL)
-@pytest.mark.parametrize("config", SHIM_RUNS)
+@pytest.mark.parametrize("config", SHIM_RUNS)  # those harness.PLAN runs for the release
 def test_shim_groups_like_the_reference(release, config):
-    if config not in runs_for(release):
-        config = "on:plain:0" if "plain" in config else "on:O:0"  # 3.12: two configurations
     name, opt, seed = config.split(":")
     run = child(release, name, opt, int(seed))
     process = run["process"]

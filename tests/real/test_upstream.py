@@ -1,15 +1,16 @@
-"""The upstream fix (upstream/0001-kv-cache-spec-merge-explicit-checks.patch) on
-the real vLLM 0.33.0, and the shim stepping aside by itself once it lands.
+"""The upstream fixes (upstream/000*.patch: the spec merges, the inner-DP group
+getter, VllmConfig's checks) on the real vLLM 0.33.0, and the shim stepping
+aside by itself once they land.
 
-- The patch is applied to a copy of 0.33.0's files (upstream/overlay.py: a
-  symlink tree first on PYTHONPATH, the patched file a real copy); the cached
+- The patches are applied to a copy of 0.33.0's files (upstream/overlay.py: a
+  symlink tree first on PYTHONPATH, the patched files real copies); the cached
   venv is never modified (sha256 before and after every child).
 - Without the shim's patches (KIMI_HOTFIX=0: nothing installed, checked), the
-  patched vLLM's own planner groups the Kimi-K3 layer sets under -O (seeds 0, 1,
-  2) and -OO (seed 3) exactly as plain 0.33.0 as released does; the same runs
+  patched vLLM's own planner groups the Kimi-K3 layer sets under -O (seeds 0 and
+  1) and -OO (seed 3) exactly as plain 0.33.0 as released does; the same runs
   on unpatched 0.33.0 differ (the test can fail).
-- On the patched vLLM, ``python -O -m kimi_hotfix check`` finds kv_spec_merge
-  not needed (its source check finds no assert left) and the shim removable.
+- On the patched vLLM, ``python -O -m kimi_hotfix check`` finds every patch
+  not needed (the source checks find no assert left) and the shim removable.
 """
 
 from __future__ import annotations
@@ -24,18 +25,31 @@ from harness import UPSTREAM_PATCH, child, reference, upstream_overlay
 
 pytestmark = pytest.mark.releases("0.33.0")
 
-OPTIMIZED = [("O", 0), ("O", 1), ("O", 2), ("OO", 3)]
+OPTIMIZED = [("O", 0), ("O", 1), ("OO", 3)]
 LEVEL = {"O": 1, "OO": 2}
 
 
-def merge_asserts(path) -> dict:
-    """{class: number of assert statements in its merge method}."""
+# the functions each patched file must check without assert
+CHECKED = {
+    "vllm/v1/kv_cache_interface.py": {"merge"},
+    "vllm/distributed/parallel_state.py": {"get_inner_dp_world_group"},
+    "vllm/config/vllm.py": {"__post_init__", "_set_cudagraph_sizes", "_set_compile_ranges",
+                            "validate_block_size"},
+}
+
+
+def checked_asserts(path, names) -> dict:
+    """{qualified def: number of assert statements} for the defs named ``names``."""
     out = {}
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == "merge":
-                    out[node.name] = sum(isinstance(n, ast.Assert) for n in ast.walk(item))
+
+    def visit(body, prefix):
+        for item in body:
+            if isinstance(item, ast.ClassDef):
+                visit(item.body, f"{prefix}{item.name}.")
+            elif isinstance(item, ast.FunctionDef) and item.name in names:
+                out[prefix + item.name] = sum(isinstance(n, ast.Assert) for n in ast.walk(item))
+
+    visit(ast.parse(path.read_text()).body, "")
     return out
 
 
@@ -66,9 +80,10 @@ def test_the_shim_steps_aside_on_the_patched_vllm(release):
     assert "no merge relies on assert" in kv["state"]
     assert report["needed"] == [] and report["removable"] is True, report["verdict"]
     assert report["exit_status"] == 0 and report["problems"] == []
-    # the same check on 0.33.0 as released still needs the patch
+    # the same check on 0.33.0 as released still needs the -O patches
     unpatched = json.loads(child(release, "on", "O")["check"]["stdout"])
-    assert unpatched["needed"] == ["kv_spec_merge"] and unpatched["removable"] is False
+    assert unpatched["needed"] == ["kv_spec_merge", "inner_dp_group", "config_checks"]
+    assert unpatched["removable"] is False
 
 
 def test_the_overlay_never_touches_the_venv(release):
@@ -76,15 +91,16 @@ def test_the_overlay_never_touches_the_venv(release):
     for opt, seed in OPTIMIZED:  # after the children ran
         child(release, "upstream_off", opt, seed)
     module, site = overlay["module"], overlay["site"]
-    assert overlay["touched"] == ["vllm/v1/kv_cache_interface.py"]
+    assert sorted(overlay["touched"]) == sorted(CHECKED)
     for rel in overlay["touched"]:
         copy = overlay["path"] / rel
         assert module.sha256(site / rel) == overlay["hashes_before"][rel]
         assert copy.is_file() and not copy.is_symlink()
         assert module.sha256(copy) != overlay["hashes_before"][rel]
-        original, patched = merge_asserts(site / rel), merge_asserts(copy)
-        assert set(original) == set(patched) and sum(original.values()) > 0
-        assert patched == dict.fromkeys(original, 0)
+        original = checked_asserts(site / rel, CHECKED[rel])
+        patched = checked_asserts(copy, CHECKED[rel])
+        assert set(original) == set(patched) and sum(original.values()) > 0, rel
+        assert patched == dict.fromkeys(original, 0), rel
     init = overlay["path"] / "vllm" / "__init__.py"
     assert init.is_symlink() and os.path.realpath(init) == str(site / "vllm" / "__init__.py")
 
