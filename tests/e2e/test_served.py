@@ -296,12 +296,11 @@ def test_worker_start_method_on_the_cpu_build():
     for name in ("sf-O-fork", "ff-O-spawn"):
         record = healthy(name)
         reports = process_reports(record["log"])
-        roles = vllm_roles(record["log"])
-        children = {pid: role for pid, role in roles.items() if role != "APIServer"}
-        assert set(children) <= set(reports), (children, reports)
-        assert all(reports[pid]["spawned"] for pid in children), reports
-        MEASURED[f"start method ({name})"] = {roles[p]: "spawn" if reports[p]["spawned"] else "fork"
-                                              for p in children}
+        procs = vllm_processes(record)
+        assert set(procs) <= set(reports), (procs, reports)
+        starts = {procs[pid]: reports[pid]["start"] for pid in procs}
+        MEASURED[f"start method ({name})"] = starts
+        assert starts == {"python": None, "VLLM::EngineCor": "spawn", "VLLM::Worker": "spawn"}, starts
 
 
 # -- fleet visibility ---------------------------------------------------------

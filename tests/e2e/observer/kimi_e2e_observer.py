@@ -14,10 +14,12 @@ that calls vLLM's function unchanged and prints its result, one line on stderr:
 and, once per process, how that process was started (vLLM may override the
 start method it was asked for):
 
-    KIMI_E2E_PROCESS {"pid": N, "ppid": M, "spawned": true, "argv0": "-c"}
+    KIMI_E2E_PROCESS {"pid": N, "ppid": M, "start": "spawn"}
 
-(a spawned child runs ``python -c 'from multiprocessing.spawn import ...'
---multiprocessing-fork``; a forked one keeps its parent's ``sys.argv``).
+``start`` is read from the call stack, not from settings: a child started by
+multiprocessing runs under ``multiprocessing/spawn.py`` (spawn and forkserver's
+``spawn_main``/``_main``), ``popen_fork.py`` (fork) or ``forkserver.py``; the
+top process has none of them (``null``).
 
 It changes no argument, result or exception (an exception is printed as
 ``{"error": "AttributeError: ..."}`` and re-raised). It runs the same way with
@@ -53,8 +55,19 @@ def _report_process():
     if os.getpid() in _reported:
         return
     _reported.append(os.getpid())
-    _emit({"ppid": os.getppid(), "spawned": "--multiprocessing-fork" in sys.argv,
-           "argv0": sys.argv[0] if sys.argv else None}, PROCESS_MARK)
+    _emit({"ppid": os.getppid(), "start": _start_method()}, PROCESS_MARK)
+
+
+def _start_method():
+    """How multiprocessing started this process, from the outermost frame of its stack."""
+    frame, outermost = sys._getframe(), None
+    while frame is not None:
+        name = os.path.basename(frame.f_code.co_filename)
+        if frame.f_code.co_filename.replace(os.sep, "/").find("/multiprocessing/") >= 0 and name in (
+                "spawn.py", "popen_fork.py", "forkserver.py"):
+            outermost = name
+        frame = frame.f_back
+    return {"spawn.py": "spawn", "popen_fork.py": "fork", "forkserver.py": "forkserver"}.get(outermost)
 
 
 TARGET = "vllm.v1.core.kv_cache_utils"
