@@ -64,6 +64,7 @@ class RunSpec:
     deploy: str = "none"  # none | pythonpath | plugin | bundle
     env: dict = field(default_factory=dict)
     expect: str = "healthy"  # healthy | crash
+    decode: int = DECODE_TOKENS  # tokens of the greedy completion (the long decode where compared)
 
 
 FF, SF = "hybrid-full-first", "hybrid-sliding-first"
@@ -75,7 +76,7 @@ RUNS = {r.name: r for r in (
     RunSpec("ff-O-disable", FF, OPT, "pythonpath", {"KIMI_HOTFIX_DISABLE": "kv_spec_merge"},
             expect="crash"),
     RunSpec("ff-O-spawn", FF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}),
-    RunSpec("ff-O-bundle", FF, OPT, "bundle"),
+    RunSpec("ff-O-bundle", FF, OPT, "bundle", decode=48),  # compared with nothing: short
     RunSpec("sf-plain", SF),
     RunSpec("sf-O-off", SF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}),
     RunSpec("sf-O-fork", SF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}),
@@ -180,7 +181,7 @@ def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
 # -- what a run does ------------------------------------------------------------
 
 
-def exercise(server: Server) -> dict:
+def exercise(server: Server, tokens: int = DECODE_TOKENS) -> dict:
     """The client side, while the server serves: completions and chat with the
     openai package, /metrics, the process tree and the log as they are now."""
     import openai
@@ -192,7 +193,7 @@ def exercise(server: Server) -> dict:
     out = {}
     t0 = time.monotonic()
     raw = client.completions.with_raw_response.create(
-        model="tiny", prompt=prompt_words(PROMPT_WORDS), max_tokens=DECODE_TOKENS,
+        model="tiny", prompt=prompt_words(PROMPT_WORDS), max_tokens=tokens,
         temperature=0.0, logprobs=1, extra_body={"ignore_eos": True})
     completion = raw.parse()
     choice = completion.choices[0]
@@ -229,7 +230,7 @@ def execute(spec: RunSpec, ws: Workspace, logdir: Path) -> dict:
         record["healthy"] = server.wait_healthy()
         record["healthy_after"] = server.healthy_after
         if record["healthy"]:
-            record.update(exercise(server))
+            record.update(exercise(server, spec.decode))
     except Exception:
         record["error"] = traceback.format_exc()
     finally:

@@ -107,7 +107,8 @@ def mla_config():
     return DeepseekV2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-        n_routed_experts=None, n_shared_experts=None, first_k_dense_replace=2,
+        # every layer dense (first_k_dense_replace = the layer count): no MoE weights
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=2,
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16,
         v_head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-5,
         initializer_range=0.5, tie_word_embeddings=False,
