@@ -7,11 +7,11 @@ Run it with the serving venv's python (it has vLLM, pytest and openai):
 A test names the servers it reads with ``@pytest.mark.servers(...)``; as soon
 as the tests are collected, the servers they need start in the order of
 ``runs.ORDER``, at most two at a time (the machine has 2 cores), while the
-tests run. Models, the plugin venv and the bundle are built under the session's
-temporary directory, the servers' logs and records too (kept by pytest; a failed
-test prints where, and the log's tail). At the end the tier prints how many
-servers it started and its wall time, and checks that no process of any server
-is left.
+tests run. Models, the plugin venv and the bundle are built in a work directory
+(``work_dir()``), the servers' logs and records too: removed after a passing
+session, kept after a failing one (a failed test prints the log's path and
+tail). At the end the tier prints how many servers it started, its wall time and
+what it measured, and checks that no process of any server is left.
 """
 
 from __future__ import annotations
@@ -109,9 +109,22 @@ def pytest_collection_modifyitems(session, config, items):
                 raise pytest.UsageError(f"{item.nodeid}: unknown server runs {sorted(unknown)}")
             wanted += marker.args
     if wanted:
-        root = Path(config._tmp_path_factory.mktemp("e2e", numbered=True))
-        runs.POOL.configure(root)
+        runs.POOL.configure(work_dir())
         runs.POOL.prefetch(wanted)
+
+
+def work_dir() -> Path:
+    """Where models, venvs and the servers' logs go: $KIMI_HOTFIX_E2E_DIR, else a
+    new directory under the system's temporary directory (not pytest's basetemp,
+    which keeps only the last three sessions of every pytest run on the machine).
+    Removed after a passing session, kept (and named) after a failing one."""
+    import tempfile
+
+    chosen = os.environ.get("KIMI_HOTFIX_E2E_DIR")
+    if chosen:
+        Path(chosen).mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="run-", dir=chosen))
+    return Path(tempfile.mkdtemp(prefix="kimi-hotfix-e2e-"))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -155,3 +168,11 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
         if reporter:
             reporter.write_line(f"FAILED: server processes left running: {[(p.pid, p.name) for p in left]}")
+    root = runs.POOL.logdir.parent if runs.POOL.logdir else None
+    if root is not None and root.exists():
+        if session.exitstatus == 0 and not os.environ.get("KIMI_HOTFIX_E2E_KEEP"):
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+        elif reporter:
+            reporter.write_line(f"e2e: kept {root} (servers' logs and records under servers/)")

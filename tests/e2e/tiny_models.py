@@ -109,8 +109,10 @@ def mla_config():
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
         # every layer dense (first_k_dense_replace = the layer count): no MoE weights
         n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=2,
-        kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16,
-        v_head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-5,
+        # the CPU MLA decode kernel compiles for one latent size only, DeepSeek's
+        # kv_lora_rank 512 + rope 64 = 576 (vllm/v1/attention/backends/mla/cpu_mla.py)
+        kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32,
+        v_head_dim=32, max_position_embeddings=1024, rms_norm_eps=1e-5,
         initializer_range=0.5, tie_word_embeddings=False,
         bos_token_id=1, eos_token_id=2, pad_token_id=3, torch_dtype="bfloat16",
     )
