@@ -53,14 +53,17 @@ print("KIMI_JSON:" + json.dumps({
 """
 
 
-def child_json(code, flags=(), env=None):
+def child_json(code, flags=(), env=None, stderr=False):
     proc = subprocess.run([serving.serve_python(), *flags, "-c", code], capture_output=True,
                           text=True, env=env or serving.server_env(log_level="ERROR"), timeout=600,
                           cwd=str(serving.HERE))
     found = [line[len("KIMI_JSON:"):] for line in proc.stdout.splitlines() if line.startswith("KIMI_JSON:")]
     assert proc.returncode == 0 and found, (
         f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(found[-1])
+    out = json.loads(found[-1])
+    if stderr:
+        out["stderr"] = proc.stderr
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -89,8 +92,9 @@ def cuda_wheel_sources():
 @pytest.fixture(scope="session")
 def serve_child():
     """Run code in the serving venv with the shim on PYTHONPATH; its last KIMI_JSON object."""
-    def go(code, flags=()):
-        return child_json(code, flags, serving.server_env(python_path=[serving.REPO], log_level="ERROR"))
+    def go(code, flags=(), stderr=False):
+        return child_json(code, flags, serving.server_env(python_path=[serving.REPO], log_level="ERROR"),
+                          stderr)
     return go
 
 

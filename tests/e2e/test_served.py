@@ -406,3 +406,23 @@ def test_server_processes_all_ended(name):
     MEASURED.setdefault("stop", {})[name] = {"exit": record["stop"]["exit"],
                                             "SIGKILLed": record["stop"]["killed"],
                                             "healthy_after_s": record.get("healthy_after")}
+
+
+def test_metrics_collector_contains_its_own_failure(serve_child):
+    """A collector whose states cannot be read leaves the scrape with vLLM's
+    series and without the shim's, and warns once."""
+    out = serve_child("""
+import json, sys, io, logging
+import vllm.v1.metrics.prometheus as vp
+import prometheus_client as pc
+from kimi_hotfix import metrics
+def broken():
+    raise RuntimeError("states unavailable")
+metrics._collector.states = broken
+texts = [pc.generate_latest(vp.get_prometheus_registry()).decode() for _ in range(2)]
+print("KIMI_JSON:" + json.dumps({"texts": texts}))
+""", flags=["-O"], stderr=True)
+    texts, stderr = out["texts"], out["stderr"]
+    assert all("kimi_hotfix_" not in t and "process_cpu_seconds_total" in t for t in texts)
+    warnings = [line for line in stderr.splitlines() if "metrics: collecting the states failed" in line]
+    assert len(warnings) == 1, stderr
