@@ -3,8 +3,8 @@
 A dashboard that scrapes vLLM's ``/metrics`` sees, per pod::
 
     kimi_hotfix_info{version="0.1.0",vllm="0.29.0",python="python -O"} 1.0
-    kimi_hotfix_patch_state{patch="kv_spec_merge",state="applied"} 1.0
-    kimi_hotfix_patch_state{patch="kv_spec_merge",state="pending"} 0.0
+    kimi_hotfix_patch_state{patch="<name>",state="applied"} 1.0
+    kimi_hotfix_patch_state{patch="<name>",state="pending"} 0.0
     ...
 
 ``kimi_hotfix_patch_state`` follows prometheus_client's ``Enum`` convention: one
