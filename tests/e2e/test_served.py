@@ -295,8 +295,8 @@ def test_every_vllm_process_logs_its_line_while_serving(name):
         assert "failed" not in " ".join(states.values())
     engine = next(pid for pid, role in roles.items() if role == "EngineCore")
     worker = next(pid for pid, role in roles.items() if role == "Worker")
-    assert parse_states(said[engine][-1])["kv_spec_merge"] == "applied"
-    assert parse_states(said[worker][-1])["kv_spec_merge"] == "applied"
+    assert parse_states(said[engine][-1])["kv_spec_merge"].startswith("applied")
+    assert parse_states(said[worker][-1])["kv_spec_merge"].startswith("applied")
     # once per state change: no two consecutive lines of one process are the same
     for messages in said.values():
         assert all(x != y for x, y in zip(messages, messages[1:])), messages
