@@ -8,7 +8,7 @@ A dashboard that scrapes vLLM's ``/metrics`` sees, per pod::
     ...
 
 ``kimi_hotfix_patch_state`` follows prometheus_client's ``Enum`` convention: one
-series per patch and state kind (``kimi_hotfix.base.KINDS``), 1 for the patch's
+series per patch and state kind (``kimi_hotfix.base.Kind``), 1 for the patch's
 current kind and 0 for the others, so ``kimi_hotfix_patch_state{state="applied"} == 1``
 selects the patched pods and a missing series means no shim.
 
@@ -47,13 +47,10 @@ metrics and registries are never touched.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
-from kimi_hotfix import base
-
-log = logging.getLogger("kimi_hotfix")
+from kimi_hotfix import base, messages
 
 STATE_METRIC = "kimi_hotfix_patch_state"
 INFO_METRIC = "kimi_hotfix_info"
@@ -74,8 +71,7 @@ def _warn_once(what: str) -> None:
     global _warned
     if not _warned:
         _warned = True
-        log.warning("kimi-hotfix: metrics: %s; /metrics lacks the kimi_hotfix series", what,
-                    exc_info=True)
+        messages.emit(messages.METRICS_FAILED, what, exc_info=True)
 
 
 def _vllm_version() -> str:
@@ -98,8 +94,8 @@ def _samples():
     """(info labels or None, [(patch, kind, value)]) from the live states."""
     version = _vllm_version()
     info = [_version, version, _python()] if version else None
-    rows = [(name, kind, 1.0 if current.kind == kind else 0.0)
-            for name, current in _states().items() for kind in base.KINDS]
+    rows = [(name, kind.value, 1.0 if current.kind == kind else 0.0)
+            for name, current in _states().items() for kind in base.Kind]
     return info, rows
 
 
