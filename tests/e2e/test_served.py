@@ -274,32 +274,38 @@ def test_mla_model_serves_on_the_cpu_mla_backend_with_the_shim():
 @pytest.mark.servers(*SHIM_RUNS)
 @pytest.mark.parametrize("name", SHIM_RUNS)
 def test_every_vllm_process_logs_its_line_while_serving(name):
-    """Waits on the lead's core change: every vLLM process of the live server
-    (API server, EngineCore, worker) has logged a kimi-hotfix line with its own pid
-    before shutdown; where vLLM prefixes a process's lines, the pid is the same."""
+    """Every vLLM process of the live server (API server(s), EngineCore, worker;
+    with several API servers also the `vllm serve` process that started them)
+    has logged a kimi-hotfix line with its own pid before shutdown; vLLM's
+    ``(Role pid=N)`` prefixes name the same pids. Only the lines' pids are
+    compared, not each line's prefix: with unbuffered output, vLLM writes a
+    prefix and its text in two writes, and another process's line can land
+    between them in the shared log."""
     record = healthy(name)
     procs = vllm_processes(record)
     log = record["serving_log"]
     said = summaries(log)
     roles = vllm_roles(log)
-    assert len(procs) == 3, procs  # API server, EngineCore, one worker
-    assert sorted(roles.values()) == ["APIServer", "EngineCore", "Worker"], roles
-    assert set(roles) == set(procs), (roles, procs)
-    silent = {pid: roles.get(pid) for pid in procs if pid not in said}
+    n = RUNS[name].api_servers
+    api = ["APIServer"] if n == 1 else [f"ApiServer_{i}" for i in range(n)]
+    assert sorted(roles.values()) == sorted([*api, "EngineCore", "Worker"]), roles
+    assert set(roles) <= set(procs), (roles, procs)
+    # the top process: the API server itself, or (several) the `vllm serve` process
+    assert set(procs) - set(roles) == (set() if n == 1 else {record["root_pid"]}), (roles, procs)
+    silent = {pid: roles.get(pid, procs[pid]) for pid in procs if pid not in said}
     assert silent == {}, f"no kimi-hotfix line while serving from {silent}; lines: {said}"
-    for pid, _, _, prefix in shim_lines(log):
-        assert prefix in (None, pid)
     for messages in said.values():
         states = parse_states(messages[-1])
         assert set(states) == set(PATCHES), messages
         assert "failed" not in " ".join(states.values())
-    engine = next(pid for pid, role in roles.items() if role == "EngineCore")
-    worker = next(pid for pid, role in roles.items() if role == "Worker")
-    assert parse_states(said[engine][-1])["kv_spec_merge"].startswith("applied")
-    assert parse_states(said[worker][-1])["kv_spec_merge"].startswith("applied")
+    for pid, role in roles.items():
+        if role in ("EngineCore", "Worker"):
+            assert parse_states(said[pid][-1])["kv_spec_merge"].startswith("applied"), said[pid]
     # once per state change: no two consecutive lines of one process are the same
     for messages in said.values():
         assert all(x != y for x, y in zip(messages, messages[1:])), messages
+    MEASURED.setdefault("lines while serving", {})[name] = {
+        roles.get(pid, "vllm serve"): len(messages) for pid, messages in said.items()}
 
 
 @pytest.mark.servers("sf-O-fork", "ff-O-spawn")
@@ -325,28 +331,45 @@ def test_worker_start_method_on_the_cpu_build():
 @pytest.mark.servers(*SHIM_RUNS)
 @pytest.mark.parametrize("name", SHIM_RUNS)
 def test_metrics_endpoint_shows_the_shims_state(name):
+    """One API server: its own view, read at the scrape. Several (multiprocess
+    Prometheus): every process that imported prometheus_client, one pid label
+    each, the API servers among them."""
     record = healthy(name)
     assert record["metrics"]["status"] == 200
-    samples = metrics_samples(record["metrics"]["text"])
-    info = {labels: v for (metric, labels), v in samples.items() if metric == "kimi_hotfix_info"}
-    assert list(info.values()) == [1.0], info
-    labels = dict(next(iter(info)))
-    assert labels["version"] == "0.1.0" and labels["vllm"] == "0.29.0" and labels["python"] == "python -O"
-    state = {dict(labels)["patch"]: {} for (metric, labels) in samples if metric == "kimi_hotfix_patch_state"}
+    text = record["metrics"]["text"]
+    assert "vllm:num_requests_running" in text  # vLLM's own series are still there
+    samples = metrics_samples(text)
+    views: dict = {}  # pid ("" for one API server) -> {"info": labels, patch: {kind: value}}
     for (metric, labels), value in samples.items():
-        if metric == "kimi_hotfix_patch_state":
-            state[dict(labels)["patch"]][dict(labels)["state"]] = value
-    assert set(state) == set(PATCHES)
+        labels = dict(labels)
+        view = views.setdefault(labels.pop("pid", ""), {})
+        if metric == "kimi_hotfix_info":
+            assert value == 1.0
+            view.setdefault("info", []).append(labels)
+        elif metric == "kimi_hotfix_patch_state":
+            view.setdefault(labels["patch"], {})[labels["state"]] = value
+    roles = vllm_roles(record["serving_log"])
+    api = [pid for pid, role in roles.items() if role.lower().startswith("apiserver")]
+    if RUNS[name].api_servers == 1:
+        assert set(views) == {""}
+    else:
+        assert {str(pid) for pid in api} <= set(views) <= {str(p) for p in vllm_processes(record)}, (
+            views.keys(), roles)
     current = {}
-    for patch, kinds in state.items():
-        assert sorted(kinds.values()) == [0.0] * (len(kinds) - 1) + [1.0], kinds
-        current[patch] = next(k for k, v in kinds.items() if v == 1.0)
-    # the API server's view (the process that serves /metrics): kv_spec_merge's
-    # target is imported there too; the other two never are on a Llama
-    assert current == {"kv_spec_merge": "applied", "capture_workspace": "pending",
-                       "kda_overlong_rows": "pending"}, current
-    # vLLM's own series are still there
-    assert "vllm:num_requests_running" in record["metrics"]["text"]
+    for pid, view in views.items():
+        assert view.get("info") == [{"version": "0.1.0", "vllm": "0.29.0", "python": "python -O"}], view
+        assert set(view) - {"info"} == set(PATCHES)
+        for patch in PATCHES:
+            kinds = view[patch]
+            assert sorted(kinds.values()) == [0.0] * (len(kinds) - 1) + [1.0], kinds
+        current[pid] = {patch: next(k for k, v in view[patch].items() if v == 1.0) for patch in PATCHES}
+    # the API servers' view: kv_spec_merge's target is imported there too; the
+    # other two never are on these models
+    for pid in [""] if RUNS[name].api_servers == 1 else [str(p) for p in api]:
+        assert current[pid] == {"kv_spec_merge": "applied", "capture_workspace": "pending",
+                                "kda_overlong_rows": "pending"}, current
+    MEASURED.setdefault("/metrics views", {})[name] = {
+        (roles.get(int(pid), "vllm serve") if pid else "APIServer"): kinds for pid, kinds in current.items()}
 
 
 @pytest.mark.servers("sf-plain")
@@ -357,28 +380,50 @@ def test_metrics_endpoint_without_the_shim_has_no_shim_series():
 
 
 def test_metrics_under_multiprocess_prometheus(serve_child):
-    """With PROMETHEUS_MULTIPROC_DIR (vLLM's --api-server-count > 1), vLLM serves
-    a fresh registry with a MultiProcessCollector: the shim's collector is added
-    to it, vLLM's multiprocess series stay, and the view is this process's."""
+    """With PROMETHEUS_MULTIPROC_DIR (``vllm serve --api-server-count N > 1``),
+    /metrics is prometheus-fastapi-instrumentator's expose(): a fresh registry
+    with a MultiProcessCollector at every scrape, built here the same way. No
+    collector is asked; the shim's states come from this process's multiprocess
+    gauge files, labelled with its pid, rewritten once a patch's module is
+    imported; vLLM's own multiprocess series stay."""
     out = serve_child("""
 import os, tempfile, json
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()
-import vllm.v1.metrics.prometheus as vp
+import vllm.v1.metrics.prometheus
 import prometheus_client as pc
+from prometheus_client import multiprocess
+
+def scrape():
+    registry = pc.CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return pc.generate_latest(registry).decode()
+
 gauge = pc.Gauge("vllm:e2e_probe", "probe", multiprocess_mode="liveall")
 gauge.set(7)
-registry = vp.get_prometheus_registry()
-text = pc.generate_latest(registry).decode()
-print("KIMI_JSON:" + json.dumps({"default": registry is pc.REGISTRY, "text": text,
-       "default_text": pc.generate_latest(pc.REGISTRY).decode()}))
+before = scrape()
+import vllm.v1.kv_cache_interface  # kv_spec_merge settles; the gauges follow
+after = scrape()
+print("KIMI_JSON:" + json.dumps({"pid": os.getpid(), "before": before, "after": after,
+      "default_registry": pc.generate_latest(pc.REGISTRY).decode()}))
 """, flags=["-O"])
-    assert out["default"] is False
-    samples = metrics_samples(out["text"])
-    info = (("python", "python -O"), ("version", "0.1.0"), ("vllm", "0.29.0"))
-    assert samples[("kimi_hotfix_info", info)] == 1.0
-    assert samples[("kimi_hotfix_patch_state", (("patch", "kv_spec_merge"), ("state", "pending")))] == 1.0
-    assert re.search(r'^vllm:e2e_probe\{pid="\d+"\} 7\.0$', out["text"], re.M), out["text"]
-    assert metrics_samples(out["default_text"])  # and on the default registry
+    pid = str(out["pid"])
+
+    def state(text, patch):
+        samples = metrics_samples(text)
+        current = [dict(labels)["state"] for (metric, labels), value in samples.items()
+                   if metric == "kimi_hotfix_patch_state" and dict(labels)["patch"] == patch
+                   and value == 1.0]
+        assert all(dict(labels)["pid"] == pid for (_, labels) in samples), samples
+        return current
+
+    assert state(out["before"], "kv_spec_merge") == ["pending"]
+    assert state(out["after"], "kv_spec_merge") == ["applied"]
+    assert state(out["after"], "capture_workspace") == ["pending"]
+    info = (("pid", pid), ("python", "python -O"), ("version", "0.1.0"), ("vllm", "0.29.0"))
+    assert metrics_samples(out["after"])[("kimi_hotfix_info", info)] == 1.0
+    assert re.search(rf'^vllm:e2e_probe\{{pid="{pid}"\}} 7\.0$', out["after"], re.M), out["after"]
+    # the default registry holds no collector of ours in this mode (it is not served)
+    assert metrics_samples(out["default_registry"]) == {}
 
 
 def test_arming_imports_no_prometheus_client(serve_child):
@@ -418,7 +463,7 @@ import prometheus_client as pc
 from kimi_hotfix import metrics
 def broken():
     raise RuntimeError("states unavailable")
-metrics._collector.states = broken
+metrics._states = broken
 texts = [pc.generate_latest(vp.get_prometheus_registry()).decode() for _ in range(2)]
 print("KIMI_JSON:" + json.dumps({"texts": texts}))
 """, flags=["-O"], stderr=True)
