@@ -4,6 +4,8 @@ Run it with the serving venv's python (it has vLLM, pytest and openai):
 
     KIMI_HOTFIX_SERVE_PYTHON=... $KIMI_HOTFIX_SERVE_PYTHON -m pytest tests/e2e   # or scripts/test --e2e
 
+Only when named by path: a bare ``pytest`` from the root deselects the tier.
+
 A test names the servers it reads with ``@pytest.mark.servers(...)``; as soon
 as the tests are collected, the servers they need start in the order of
 ``runs.ORDER``, at most two at a time (the machine has 2 cores), while the
@@ -102,8 +104,28 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "servers(*names): the e2e server runs a test reads")
 
 
+def named_on_command_line(config) -> bool:
+    """Real servers start only when the tier is asked for by path (tests/e2e or
+    a file or test in it): a bare ``pytest`` from the root (testpaths = tests)
+    must not start eleven servers on a shared machine."""
+    here = Path(__file__).resolve().parent
+    for arg in config.args:
+        path = Path(arg.split("::")[0])
+        path = (path if path.is_absolute() else Path(config.invocation_params.dir) / path).resolve()
+        if path == here or here in path.parents:
+            return True
+    return False
+
+
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: start only what selected tests read
 def pytest_collection_modifyitems(session, config, items):
+    here = Path(__file__).resolve().parent
+    if not named_on_command_line(config):
+        mine = [item for item in items if here in Path(str(item.fspath)).resolve().parents]
+        if mine:  # deselected, not skipped (a skip fails the run)
+            config.hook.pytest_deselected(items=mine)
+            items[:] = [item for item in items if item not in mine]
+        return
     wanted = []
     for item in items:
         marker = item.get_closest_marker("servers")
@@ -112,7 +134,7 @@ def pytest_collection_modifyitems(session, config, items):
             if unknown:
                 raise pytest.UsageError(f"{item.nodeid}: unknown server runs {sorted(unknown)}")
             wanted += marker.args
-    if wanted:
+    if wanted and not config.option.collectonly:
         runs.POOL.configure(work_dir())
         runs.POOL.prefetch(wanted)
 
