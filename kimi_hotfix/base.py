@@ -183,7 +183,8 @@ class Patch(abc.ABC):
     upstream: str = ""  # the upstream PR / issue
     fixed_in: str = ""  # the first vLLM release that carries the fix ("" = none yet)
     affects_from: str = ""  # the first vLLM release with the code path ("" = all)
-    symptoms: tuple = ()  # error strings and symptoms an operator sees
+    # error strings and symptoms an operator sees; a tuple of tuples: one table row each
+    symptoms: tuple = ()
     summary: str = ""  # what the patch changes, one line
     decides: str = ""  # how it decides it is needed, one line
     probe_title: str = ""  # what the preflight probe does, one line
@@ -193,6 +194,13 @@ class Patch(abc.ABC):
     @property
     def fixed_in_text(self) -> str:
         return self.fixed_in or "not yet"
+
+    @property
+    def symptom_rows(self) -> tuple:
+        """The symptoms as rows (the README's table has one row per group)."""
+        if self.symptoms and isinstance(self.symptoms[0], tuple):
+            return self.symptoms
+        return (tuple(self.symptoms),)
 
     @abc.abstractmethod
     def check(self, module: Any, optimize: int) -> Decision:

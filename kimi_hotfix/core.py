@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Optional
 
-from kimi_hotfix import _wrapt, importwatch, messages, registry, state, wrapping
+from kimi_hotfix import __version__, _wrapt, importwatch, messages, registry, state, wrapping
 from kimi_hotfix import config as _config_mod
 from kimi_hotfix.base import Decision, KimiHotfixError, Kind, PatchError, State, Verdict
 from kimi_hotfix.base import cannot_tell as _cannot_tell
@@ -64,6 +64,7 @@ def arm(source: str = "api") -> dict:
     with state.batch():
         try:
             _arm(source)
+            _install_metrics()
         except KimiHotfixError:
             raise
         except Exception as exc:
@@ -109,6 +110,21 @@ def _arm(source: str) -> None:
                 _contained_hook_failure(name, exc)
         else:
             wrapt.register_post_import_hook(_hook(name), target)
+
+
+def _install_metrics() -> None:
+    """The states on vLLM's /metrics (kimi_hotfix.metrics): post-import hooks on
+    prometheus_client and, after the patches' own hooks, on their targets.
+    Imports neither; not under KIMI_HOTFIX=0; once per process."""
+    cfg = state.config()
+    if cfg is None or not cfg.enabled:
+        return
+    try:
+        from kimi_hotfix import metrics
+
+        metrics.install(states, __version__, [registry.get(n).target for n in registry.names()])
+    except Exception:  # the exporter never takes the patches down with it
+        messages.emit(messages.METRICS_FAILED, "installing the exporter failed", exc_info=True)
 
 
 def _hook(name: str):

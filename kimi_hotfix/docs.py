@@ -30,10 +30,11 @@ def patch_table() -> str:
     rows = ["| what you see | patch | what it changes | upstream | fixed in |",
             "|---|---|---|---|---|"]
     for patch in registry.patches().values():
-        seen = "<br>".join(f"`{s}`" if s.startswith(("ValueError", "AttributeError", "RuntimeError"))
-                           else s for s in patch.symptoms)
-        rows.append(f"| {seen} | `{patch.name}` | {patch.summary} | {patch.upstream} | "
-                    f"{patch.fixed_in_text} |")
+        for symptoms in patch.symptom_rows:
+            seen = "<br>".join(f"`{s}`" if s.startswith(("ValueError", "AttributeError"))
+                               else s for s in symptoms)
+            rows.append(f"| {seen} | `{patch.name}` | {patch.summary} | {patch.upstream} | "
+                        f"{patch.fixed_in_text} |")
     return "\n".join(rows) + "\n"
 
 

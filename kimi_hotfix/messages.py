@@ -95,6 +95,13 @@ FORK_INTERRUPTED = Message(
     "a rare race; this forked process runs that patch's code unpatched (`failed`)",
     "start workers with spawn, or arm before starting threads")
 
+METRICS_FAILED = Message(
+    logging.WARNING, "kimi-hotfix: metrics: %s; /metrics lacks the kimi_hotfix series",
+    "kimi-hotfix: metrics: <what failed>; /metrics lacks the kimi_hotfix series",
+    "the shim could not put its states on vLLM's Prometheus endpoint (logged once); "
+    "the patches are not affected",
+    "read the states in the log lines; report it with the traceback that follows")
+
 CONFIG_FLAG = Message(
     logging.WARNING, "%s=%s is not understood; valid values: %s or %s; using %s",
     "KIMI_HOTFIX[_STRICT]=<value> is not understood; valid values: ...; using <default>",
@@ -114,7 +121,7 @@ CONFIG_LEVEL = Message(
 
 CATALOG = (SUMMARY, INACTIVE, WRAPT_MISSING, ARMING_FAILED, HOOK_FAILED, UNSURE_APPLIED,
            UNSURE_FAILED, APPLY_FAILED, WRAPPER_FAILED, UNDO_INCOMPLETE, FORK_INTERRUPTED,
-           CONFIG_FLAG, CONFIG_NAMES, CONFIG_BOTH, CONFIG_LEVEL)
+           METRICS_FAILED, CONFIG_FLAG, CONFIG_NAMES, CONFIG_BOTH, CONFIG_LEVEL)
 
 
 def emit(message: Message, *args, exc_info=None) -> None:

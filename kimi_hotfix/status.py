@@ -180,7 +180,8 @@ def status_report() -> dict:
             "name": name, "kind": state.kind.value, "state": str(state), "target": patch.target,
             "wraps": list(patch.wraps), "wraps_note": patch.wraps_note,
             "upstream": patch.upstream, "fixed_in": patch.fixed_in,
-            "summary": patch.summary, "symptoms": list(patch.symptoms), "decision": decision,
+            "summary": patch.summary, "symptoms": [s for row in patch.symptom_rows for s in row],
+            "decision": decision,
             "expected_needed": needed,  # an expectation from the version string only
             "expectation": why,
         })

