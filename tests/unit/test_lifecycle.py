@@ -187,6 +187,7 @@ core.arm("test")
 worker = threading.Thread(target=__import__, args=("standin_slow",))
 worker.start()
 reached.wait(30)                 # the worker is inside apply: "first" wrapped, "second" not yet
+during = fakes.states()          # no lock held while patch code runs: this returns at once
 pid = os.fork()
 if pid == 0:
     thing = sys.modules["standin_slow"].Thing
@@ -199,7 +200,7 @@ if pid == 0:
 go.set()
 worker.join()
 _, status = os.waitpid(pid, 0)
-fakes.emit({"who": "parent", "status": status, "states": fakes.states(),
+fakes.emit({"who": "parent", "status": status, "states": fakes.states(), "during": during,
             "installed": fakes.installed("standin_slow")})
 '''
 
@@ -212,6 +213,7 @@ def test_fork_while_another_thread_applies_a_patch(tmp_path):
     assert out["child"]["states"] == {"slow": ["failed", f"failed: {why}"]}
     assert out["child"]["installed"] == [] and out["child"]["first"] == "original"
     assert out["child-after"]["states"] == out["child"]["states"]  # reapply: not undone, a no-op
+    assert out["parent"]["during"] == {"slow": ["pending", "pending"]}  # read mid-apply
     assert out["parent"]["status"] == 0
     assert out["parent"]["states"] == {"slow": ["applied", "applied"]}
     assert out["parent"]["installed"] == ["first", "second"]
