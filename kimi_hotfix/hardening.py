@@ -59,14 +59,20 @@ class AssertToRaise(ast.NodeTransformer):
 def asserts(func):
     """Number of ``assert`` statements in ``func``'s source (nested defs
     included), or None when it has no source (kimi_hotfix.recompile reads it:
-    the def alone, not the whole module, where it can)."""
-    if getattr(func, "__code__", None) is None:
+    the def alone, not the whole module, where it can). Counted once per code
+    object: a patch's check and its apply ask the same question."""
+    code = getattr(func, "__code__", None)
+    if code is None:
         return None
-    try:
-        tree = recompile.function_ast(func)
-    except PatchError:
-        return None
-    return sum(isinstance(n, ast.Assert) for n in ast.walk(tree))
+    if code not in _ASSERTS:
+        try:
+            _ASSERTS[code] = recompile.asserts_in(recompile.function_ast(func))
+        except PatchError:
+            _ASSERTS[code] = None
+    return _ASSERTS[code]
+
+
+_ASSERTS: dict = {}  # {code object: asserts() answer}; a handful of entries per process
 
 
 def harden(func):

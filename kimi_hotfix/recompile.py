@@ -65,6 +65,7 @@ def forget() -> None:
     patch's check and apply; the process keeps running for days after."""
     _module.cache_clear()
     _imported_names.cache_clear()
+    _column_zero_imports.cache_clear()
 
 
 def _statements(body):
@@ -79,11 +80,32 @@ def _indent(line):
     return len(line) - len(line.lstrip())
 
 
+def _parse_def(lines, first, name):
+    """The def that ``lines`` hold (its text from line ``first`` of its file)
+    parsed on its own, with the positions it has in its file; None when the
+    text does not parse as that one def. The text is parsed as it is (nested
+    under ``if 1:`` when indented), never dedented: dedenting would change
+    multi-line strings. Blank lines in front put every node on its line in the
+    file: cheaper than renumbering the tree (ast.increment_lineno walks it)."""
+    indented = lines[0][:1].isspace()
+    head = "\n" * (first - 1 - indented) + ("if 1:\n" if indented else "")
+    try:
+        tree = ast.parse(head + "".join(lines))
+    except SyntaxError:
+        return None
+    body = tree.body[0].body if indented else tree.body
+    if len(body) != 1 or not isinstance(body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) \
+            or body[0].name != name:
+        return None
+    return body[0]
+
+
 def _own_block(code):
-    """(lines, first line number) of the def starting at ``code``'s first line,
-    cut by indentation and parsed on its own, without parsing the module: a
-    patch's check stays cheap in modules of thousands of lines. None when the
-    cut does not parse as that one def (``_lines`` then parses the module)."""
+    """(lines, first line number, parsed def) of the def starting at
+    ``code``'s first line, cut by indentation and parsed on its own (once: the
+    tree serves the caller too), without parsing the module: a patch's check
+    stays cheap in modules of thousands of lines. None when the cut does not
+    parse as that one def (``_lines`` then parses the module)."""
     lines = linecache.getlines(code.co_filename)
     start = code.co_firstlineno - 1
     if not lines or start >= len(lines):
@@ -93,8 +115,15 @@ def _own_block(code):
         index += 1  # decorators
     if index >= len(lines):
         return None
-    depth, end = _indent(lines[index]), len(lines)
-    for i in range(index + 1, len(lines)):
+    depth, end, header = _indent(lines[index]), len(lines), index
+    opened = 0  # a multi-line signature may close at the def's own indentation
+    while header < len(lines):
+        code_part = lines[header].split("#", 1)[0]
+        opened += code_part.count("(") + code_part.count("[") - code_part.count(")") - code_part.count("]")
+        if opened <= 0:
+            break
+        header += 1
+    for i in range(header + 1, len(lines)):
         text = lines[i].strip()
         if text and not text.startswith("#") and _indent(lines[i]) <= depth:
             end = i
@@ -102,22 +131,17 @@ def _own_block(code):
     while end > index + 1 and not lines[end - 1].strip():
         end -= 1
     block = lines[start:end]
-    try:
-        tree = ast.parse(("if 1:\n" if block[0][:1].isspace() else "") + "".join(block))
-    except SyntaxError:
+    funcdef = _parse_def(block, start + 1, code.co_name)
+    if funcdef is None:
         return None
-    body = tree.body[0].body if block[0][:1].isspace() else tree.body
-    if len(body) != 1 or not isinstance(body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) \
-            or body[0].name != code.co_name:
-        return None
-    return block, start + 1
+    return block, start + 1, funcdef
 
 
 def _lines(func):
-    """(lines, first line number) of ``func``'s source, decorators included;
-    PatchError if none. The one way the package reads vLLM source: the lines
-    linecache has (what inspect reads), the def cut by indentation, or found in
-    the parsed module where the cut does not parse."""
+    """(lines, first line number, parsed def or None) of ``func``'s source,
+    decorators included; PatchError if none. The one way the package reads
+    vLLM source: the lines linecache has (what inspect reads), the def cut by
+    indentation, or found in the parsed module where the cut does not parse."""
     code = func.__code__
     own = _own_block(code)
     if own is not None:
@@ -130,7 +154,7 @@ def _lines(func):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             if first == code.co_firstlineno:
-                return lines[first - 1:node.end_lineno], first
+                return lines[first - 1:node.end_lineno], first, None
     raise PatchError(f"source of {func.__qualname__} unavailable (no def at line "
                      f"{code.co_firstlineno} of {code.co_filename})")
 
@@ -142,21 +166,32 @@ def source(func) -> str:
 
 def function_ast(func) -> ast.Module:
     """``func``'s source as a module of one ``def``, with the positions it has
-    in its file. The text is parsed as it is (nested under ``if 1:`` when
-    indented), never dedented: dedenting would change multi-line strings."""
-    lines, first = _lines(func)
-    indented = lines[0][:1].isspace()
-    # blank lines in front put every node on its line in the file: cheaper than
-    # renumbering the parsed tree (ast.increment_lineno walks all of it)
-    head = "\n" * (first - 1 - indented) + ("if 1:\n" if indented else "")
-    try:
-        tree = ast.parse(head + "".join(lines))
-    except SyntaxError as exc:
-        raise PatchError(f"source of {func.__qualname__} does not parse ({exc})") from exc
-    body = tree.body[0].body if indented else tree.body
-    if len(body) != 1 or not isinstance(body[0], ast.FunctionDef):
+    in its file (a fresh tree on every call: callers edit it)."""
+    lines, first, funcdef = _lines(func)
+    if funcdef is None:
+        funcdef = _parse_def(lines, first, func.__code__.co_name)
+    if funcdef is None:
+        raise PatchError(f"source of {func.__qualname__} does not parse as its def")
+    if not isinstance(funcdef, ast.FunctionDef):
         raise PatchError(f"unexpected source layout for {func.__qualname__}")
-    return ast.Module(body=body, type_ignores=[])
+    return ast.Module(body=[funcdef], type_ignores=[])
+
+
+def asserts_in(tree) -> int:
+    """How many ``assert`` statements ``tree`` holds, nested blocks and defs
+    included. It walks statements only (an assert is one; expressions, the bulk
+    of a tree, cannot hold one): several times cheaper than ast.walk."""
+    count, todo = 0, list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Assert):
+            count += 1
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            block = getattr(node, field, None)
+            if isinstance(block, list):
+                todo.extend(block)
+    return count
 
 
 def _undecorated(tree):
@@ -193,6 +228,46 @@ def _imported_names(filename):
     return tuple(dict.fromkeys(names))
 
 
+@functools.lru_cache(maxsize=16)
+def _column_zero_imports(filename):
+    """The names bound by the import statements that start at column 0 of the
+    module in ``filename``, each statement parsed on its own: a first guess
+    at ``_imported_names`` that does not parse the module (a few ms in vLLM's
+    modules of thousands of lines). It misses imports nested in ``if``/``try``
+    blocks and may take one from a multi-line string; ``recompile`` checks the
+    result byte for byte and falls back to the exact names on a mismatch."""
+    lines = linecache.getlines(filename)
+    names, index = [], 0
+    while index < len(lines):
+        line, index = lines[index], index + 1
+        if not line.startswith(("import ", "from ")):
+            continue
+        text = line
+        while index < len(lines) and (text.count("(") > text.count(")")
+                                      or text.rstrip().endswith("\\")):
+            text, index = text + lines[index], index + 1
+        try:
+            statement = ast.parse(text).body
+        except SyntaxError:
+            continue
+        for node in statement:
+            if isinstance(node, ast.Import):
+                names += [a.asname or a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names += [a.asname or a.name for a in node.names if a.name != "*"]
+    return tuple(dict.fromkeys(names))
+
+
+def _declarations(filename):
+    """The import-bound names to declare, best guess first: the column-0
+    imports, then (only if that guess compiled differently) the exact set."""
+    guess = _column_zero_imports(filename)
+    yield guess
+    exact = _imported_names(filename)
+    if exact != guess:
+        yield exact
+
+
 def _fingerprint(code):
     return (
         code.co_argcount,
@@ -206,7 +281,7 @@ def _fingerprint(code):
     )
 
 
-def _compile(func, tree, optimize, cells):
+def _compile(func, tree, optimize, cells, imported):
     """Execute ``tree`` (one def) in ``func``'s globals; the def is nested in a
     factory whose parameters are ``cells`` (closure names), so helpers reach
     the function through closure cells and never through vLLM's globals.
@@ -216,7 +291,9 @@ def _compile(func, tree, optimize, cells):
     would become a closure over the factory's local instead of the global it
     is in vLLM. The compiled code gets its real names back (``_requalify``).
     The def's own annotations are left out: they are evaluated by the code
-    around a def, never by its body, and the result takes ``func``'s."""
+    around a def, never by its body, and the result takes ``func``'s.
+    ``imported``: the module's import-bound names, declared (never executed)
+    next to the factory so that ``name.attr(...)`` compiles as in the module."""
     funcdef = copy.copy(tree.body[0])  # the tree stays as the caller edited it
     real_name, funcdef.name = funcdef.name, _DEF
     funcdef.returns = None
@@ -243,7 +320,6 @@ def _compile(func, tree, optimize, cells):
     )
     filename = func.__code__.co_filename
     body = [ast.copy_location(factory, funcdef)]
-    imported = _imported_names(filename)
     if imported:  # declared, never executed: ``if 0:`` is compiled away
         declare = [ast.Import(names=[ast.alias(name=n)]) for n in imported]
         body.append(ast.If(test=ast.Constant(value=0), body=declare, orelse=[]))
@@ -318,10 +394,14 @@ def recompile(func, edit, *, optimize=-1, cells=None):
         raise PatchError(f"{func.__qualname__} uses a closure; cannot recompile")
     cells = dict(cells or {})
     tree = _undecorated(function_ast(func))
-    if _fingerprint(_compile(func, tree, -1, {}).__code__) != _fingerprint(func.__code__):
+    running = _fingerprint(func.__code__)
+    for imported in _declarations(func.__code__.co_filename):
+        if _fingerprint(_compile(func, tree, -1, {}, imported).__code__) == running:
+            break
+    else:
         raise PatchError(f"source of {func.__qualname__} does not match its running code")
     edit(tree)  # compiling did not change the tree: edit the checked one
-    new = _compile(func, tree, optimize, cells)
+    new = _compile(func, tree, optimize, cells, imported)
     new.__qualname__ = func.__qualname__
     new.__module__ = func.__module__
     new.__doc__ = func.__doc__

@@ -13,6 +13,9 @@ Each case runs in a child interpreter, plain, -O and -OO:
 - the same on every Python: a nested def's evaluated annotations, a nested
   class's qualified name and a module-level function calling itself by name
   compile as in the running code;
+- a def whose signature closes at its own indentation is cut from the file
+  without parsing the module; a call on a name imported inside a block (not
+  at column 0) compiles as in the module;
 - a function whose running code differs from its source, a closure, a missing
   source: PatchError, nothing is produced.
 """
@@ -61,8 +64,10 @@ out["edited"] = [outcome(lambda: edited(None, x)) for x in (1, -5)]
 out["helper_not_global"] = "_helper" not in vars(sample)
 out["edited_freevars"] = list(edited.__code__.co_freevars)
 
+out["signature_cut"] = recompile._own_block(sample.signature.__code__) is not None
 for name, func, args in (("nested", sample.Sample.nested, (None, 2)),
-                         ("countdown", sample.countdown, (3,))):
+                         ("countdown", sample.countdown, (3,)),
+                         ("signature", sample.signature, ([1],))):
     try:
         again = recompile.recompile(func, lambda tree: None)
         out[name] = [again(*args) == func(*args), again(*args), list(again.__code__.co_freevars)]
@@ -109,6 +114,69 @@ def test_recompile_mechanics(flags):
     # the nested class keeps vLLM's qualified name, the recursion its global
     assert out["nested"] == [True, [[[0], [2]], "Sample.nested.<locals>.Box", 2], []]
     assert out["countdown"] == [True, [3, 2, 1], []]
+    # a multi-line signature is cut without parsing the module; a call on a
+    # name imported inside a block compiles as in the module (3.11+ compiles
+    # ``imported.attr()`` differently), found after the column-0 guess missed it
+    assert out["signature_cut"] is True
+    assert out["signature"] == [True, "[1]", []]
     assert out["swapped"] == "PatchError: source of Sample.swapped does not match its running code"
     assert out["closure"].startswith("PatchError: closure_maker.<locals>.uses_closure uses a closure")
     assert out["builtin"].startswith("PatchError: ")
+
+
+ASSERT_SHAPES = '''
+def f(x):
+    assert x
+    if x:
+        assert x, "if"
+    else:
+        assert not x
+    for i in x:
+        assert i
+    else:
+        assert x
+    while x:
+        assert x
+    try:
+        assert x
+    except ValueError:
+        assert x
+    else:
+        assert x
+    finally:
+        assert x
+    with x:
+        assert x
+    def inner():
+        assert x
+        class C:
+            assert x
+            def m(self):
+                assert self
+    y = lambda: x  # an expression holds no statement
+    return [assert_ for assert_ in x]
+'''
+MATCH_SHAPE = '''
+def g(x):
+    match x:
+        case 1:
+            assert x
+        case _:
+            assert not x
+'''
+
+
+def test_asserts_in_counts_every_assert_statement_as_ast_walk_does():
+    import ast
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from kimi_hotfix import recompile
+
+    sources = [ASSERT_SHAPES] + ([MATCH_SHAPE] if sys.version_info >= (3, 10) else [])
+    for text in sources:
+        tree = ast.parse(text)
+        walked = sum(isinstance(n, ast.Assert) for n in ast.walk(tree))
+        assert walked > 0
+        assert recompile.asserts_in(tree) == walked
+    assert recompile.asserts_in(ast.parse("def h():\n    return 'assert x'  # assert y\n")) == 0

@@ -59,11 +59,11 @@ def asserted(module) -> dict:
 
 
 def decide(module, optimize) -> base.Decision:
-    found = asserted(module)
-    if "validate_block_size" not in found:
+    if "validate_block_size" not in vars(config_class(module)):
         return base.absent("VllmConfig.validate_block_size does not exist in this vLLM")
-    if not optimize:
+    if not optimize:  # decided without reading source: every process pays this check
         return base.absent("python without -O keeps VllmConfig's asserts")
+    found = asserted(module)
     unknown = sorted(name for name, count in found.items() if count is None)
     if unknown:
         return base.cannot_tell(f"source of VllmConfig.{', '.join(unknown)} unavailable")

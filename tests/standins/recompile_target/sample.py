@@ -35,6 +35,17 @@ not indented: dedenting the source would change this string"""
         return [scaled(i) for i in range(n)], Box.__qualname__, Box.value
 
 
+if True:  # an import nested in a block: not at column 0
+    import json as nested_json
+
+
+def signature(
+    value,
+    indent=None,
+):  # the signature closes at the def's own indentation, as vLLM's often do
+    return nested_json.dumps(value, indent=indent)
+
+
 def closure_maker():
     value = 3
 
