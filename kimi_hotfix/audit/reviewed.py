@@ -23,7 +23,11 @@ sliding-window servers of docs/o-parity.md.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from dataclasses import dataclass
+
+from kimi_hotfix.patches import PATCH_MODULES
 
 COVERED = "covered"
 HARMLESS = "harmless"
@@ -82,40 +86,10 @@ def reviewed_hashes(qualname) -> dict:
 
 
 # -- the KV-cache planner (Kimi-K3 and the hybrid sliding-window servers) -----------
+# The planner's fallbacks and the spec merges are covered rows: the covering
+# patch lists them (kimi_hotfix/patches/*/covers.py, read at the end of this module).
 
-_PLANNER = ("The planner tells KV-cache specs that cannot share a group apart by the "
-            "AssertionError their merge raises. -O strips the asserts in the spec merges "
-            "(KVCacheSpec.merge too, in 0.29.0): incompatible specs merge, or the merge runs "
-            "into an AttributeError nothing catches. kv_spec_merge recompiles every merge with "
-            "an assert so that it raises AssertionError under -O.")
-for _module in ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_planning"):
-    _releases = "0.29.0, 0.30.0" if _module.endswith("utils") else "0.33.0"
-    covered(f"{_module}.is_kv_cache_spec_uniform", {"4fb234c47f924b49": _releases},
-            "kv_spec_merge", _PLANNER)
-    covered(f"{_module}._get_kv_cache_groups_uniform_page_size",
-            {"878f77328682ee52": _releases}, "kv_spec_merge", _PLANNER)
-
-_MERGE = ("A KV-cache spec merge the planner calls through is_kv_cache_spec_uniform and "
-          "the page-size bucketing; kv_spec_merge recompiles it with each assert raising "
-          "AssertionError (docs/o-parity.md).")
 _KVI = "vllm.v1.kv_cache_interface."
-covered(_KVI + "KVCacheSpec.merge", {"6aa5555bea667a3a": "0.29.0"}, "kv_spec_merge",
-        _MERGE + " 0.30.0 raises explicitly here.")
-covered(_KVI + "FullAttentionSpec.merge",
-        {"347f6a4dc51a21f1": "0.29.0, 0.30.0", "7c4172adfc14adba": "0.33.0"},
-        "kv_spec_merge", _MERGE)
-covered(_KVI + "MLAAttentionSpec.merge",
-        {"b05f2f8b2bfb5c4f": "0.29.0", "565140f506465636": "0.30.0",
-         "749336663f30638d": "0.33.0"}, "kv_spec_merge", _MERGE)
-covered(_KVI + "RSWASpec.merge",
-        {"362f0b74c6ba6989": "0.29.0, 0.30.0", "9edf63275ff6eae5": "0.33.0"},
-        "kv_spec_merge", _MERGE)
-covered(_KVI + "SinkFullAttentionSpec.merge",
-        {"d53a168aa6ab5a9b": "0.29.0, 0.30.0", "f519f660bb338c67": "0.33.0"},
-        "kv_spec_merge", _MERGE)
-covered(_KVI + "SlidingWindowMLASpec.merge",
-        {"c7f1a63b666cda03": "0.29.0, 0.30.0", "fc0e8db89c7a2ed4": "0.33.0"},
-        "kv_spec_merge", _MERGE)
 harmless(_KVI + "SlidingWindowMLASpec.__post_init__", {"be27ae528b6cab2a": "0.29.0-0.33.0"},
          "Reached when SlidingWindowMLASpec.merge builds the merged spec (cls(...)). Its "
          "assert checks model_version, which the merged spec copies from the specs being "
@@ -132,13 +106,6 @@ _GROUPS = ("initialize_model_parallel creates the {name} group in every worker (
            "the getter returns it and never asserts; the except path serves unit tests "
            "without process groups.")
 _PS = "vllm.distributed.parallel_state."
-covered(_PS + "get_inner_dp_world_group", {"7f6ca7e4dca1e0cc": "0.29.0-0.33.0"},
-        "inner_dp_group",
-        "The inner-DP world group exists only when a DP replica spans nodes "
-        "(nnodes_within_dp > 1); otherwise the getter asserts and "
-        "kv_offload/cpu/spec.py falls back to the world group. Under -O it returns None "
-        "and the CPU KV offload barrier fails with AttributeError at worker start-up "
-        "(measured: tests/real/test_o_parity.py). inner_dp_group makes it raise.")
 harmless(_PS + "get_dcp_group", {"e0cc24c5a17c24eb": "0.29.0-0.33.0"},
          _GROUPS.format(name="DCP"))
 harmless(_PS + "get_pcp_group", {"c2da8fcf1827620a": "0.29.0-0.33.0"},
@@ -179,21 +146,13 @@ for _name, _hashes in (
 ):
     harmless(_name, _hashes, _GROUP_SITE)
 
-covered("vllm.v1.kv_offload.cpu.spec._all_workers_barrier", {"e1651cbe5deffb59": "0.29.0-0.33.0"},
-        "inner_dp_group",
-        "CPU KV offload on CUDA/XPU (the shared mmap region) calls this barrier when the "
-        "worker is created. Plain Python: get_inner_dp_world_group() asserts unless a DP "
-        "replica spans nodes, and the barrier runs on the world group. -O: the getter "
-        "returns None and None.barrier() raises AttributeError: the worker fails to start "
-        "(single node, or multi-node under Ray, where parallel_config.nnodes stays 1). "
-        "inner_dp_group restores the AssertionError.")
 uncovered("vllm.models.inkling.configs.InklingModelConfig.mamba2_cache_params",
           {"a5cdeeb212076dee": "0.29.0-0.33.0"},
           "Inkling models only. Outside a worker (config checks in the API server or the "
           "engine core) the TP group does not exist: plain Python falls back to tp_size=1, "
           "-O gets None from get_tp_group() and fails with AttributeError. Not a model of "
           "the deployments; a fix would harden get_tp_group, which runs in every layer's "
-          "collectives (inner_dp_group's mechanism applies unchanged).")
+          "collectives (the first-call hardening of kimi_hotfix/hardening.py applies unchanged).")
 
 # -- forward context, workspace ---------------------------------------------------------
 
@@ -308,3 +267,19 @@ uncovered("vllm.config.kernel.IrOpPriorityConfig._to_list_str", {"f691aba5361f17
 harmless("vllm.v1.metrics.perf.FfnMetrics.validate_moe_fields", {"2d85f66dd805c736": "0.29.0-0.33.0"},
          "Checks fields vLLM's own config parsers fill for MoE models (MFU metrics); for a "
          "model vLLM parses as MoE they are set, so the asserts hold in both modes.")
+
+
+# -- covered rows: each patch lists the sites it covers in its own covers.py --------------
+
+def _patch_rows():
+    """``covered`` rows from ``kimi_hotfix.patches.<name>.covers.COVERS``:
+    (qualified name, {hash: release}, why) triples, kept next to the patch."""
+    for name in PATCH_MODULES:
+        modname = f"kimi_hotfix.patches.{name}.covers"
+        if importlib.util.find_spec(modname) is None:
+            continue
+        for qualname, hashes, why in importlib.import_module(modname).COVERS:
+            covered(qualname, hashes, name, why)
+
+
+_patch_rows()
