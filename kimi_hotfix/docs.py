@@ -14,9 +14,8 @@ from kimi_hotfix.base import Kind
 
 STATES = {
     Kind.PENDING: "armed; this process has not imported the patch's module (yet)",
-    Kind.APPLIED: "patched in this process; `(...)` says how (e.g. `cannot tell ...; applied to "
-                  "be safe`, `forced`, `wrapt wrapper`); `its code failed on N calls` means "
-                  "vLLM's own code ran on those calls",
+    Kind.APPLIED: "patched here; `(...)` says how (e.g. `applied to be safe`, `forced`); "
+                  "`its code failed on N calls`: vLLM's own code ran on those calls",
     Kind.NOT_NEEDED: "this vLLM behaves right (fixed upstream): nothing patched",
     Kind.NOT_AFFECTED: "the code path does not exist in this vLLM: nothing to fix",
     Kind.DISABLED: "switched off: `KIMI_HOTFIX=0`, `KIMI_HOTFIX_DISABLE`, or `undo()`",

@@ -33,9 +33,9 @@ class Message:
 SUMMARY = Message(
     logging.INFO, "%s",
     "kimi-hotfix 0.1.0 (vllm <version>, python -O): <patch>: <state> | <patch>: <state> | ...",
-    "the state of every patch in this process (pid in the prefix): logged once vLLM is "
-    "imported, and again each time a state changes; fork children log it when they start",
-    "expect it from every vLLM process; the states are explained below")
+    "every patch's state in this process (pid in the prefix), logged once vLLM is imported "
+    "and again on each change; fork children log it at start",
+    "expect it from every vLLM process (states below)")
 INACTIVE = Message(
     logging.WARNING, "kimi-hotfix inactive: cannot load kimi_hotfix.core (%s); vLLM runs unpatched",
     "kimi-hotfix inactive: cannot load kimi_hotfix.core (<error>); vLLM runs unpatched",
@@ -67,25 +67,23 @@ UNSURE_FAILED = Message(
     "kimi-hotfix: cannot tell whether %s is needed (%s), and it cannot apply (%s); vLLM unchanged",
     "kimi-hotfix: cannot tell whether <patch> is needed (<why>), and it cannot apply (<why>); "
     "vLLM unchanged",
-    "neither the check nor the patch can work here (e.g. vLLM shipped without source under -O); "
-    "the patch reads `failed`",
-    "ship vLLM's .py files in the image, or run without -O; `check` shows the risk")
+    "neither the check nor the patch works here (e.g. no vLLM source under -O); `failed`",
+    "ship vLLM's .py files, or run without -O; `check` shows the risk")
 APPLY_FAILED = Message(
     logging.WARNING, "kimi-hotfix: %s could not apply (%s); vLLM unchanged",
     "kimi-hotfix: <patch> could not apply (<why>); vLLM unchanged",
-    "this vLLM does not look like what the patch targets, or another patch owns the method; "
-    "the patch reads `failed`",
+    "vLLM is not what the patch targets, or another patch owns the method; `failed`",
     "vLLM runs unpatched; run `check`; report it")
 WRAPPER_FAILED = Message(
     logging.WARNING, "kimi-hotfix: %s wrapper failed (%s); %s",
     "kimi-hotfix: <patch> wrapper failed (<error>); <what runs instead>",
-    "the patch's own code failed on a call (logged once per patch; the state counts the calls)",
+    "the patch's own code failed on a call (logged once; the state counts the calls)",
     "the line says what ran instead; report it")
 UNDO_INCOMPLETE = Message(
     logging.WARNING, "kimi-hotfix: undo of %s could not restore %s: replaced since by something else",
     "kimi-hotfix: undo of <patch> could not restore <method>: replaced since by something else",
-    "another library re-wrapped the method after the shim; vLLM's own method is not back there",
-    "restart the process without the shim (KIMI_HOTFIX_DISABLE) for a clean rollback")
+    "another library re-wrapped the method after the shim; vLLM's own is not back",
+    "restart with KIMI_HOTFIX_DISABLE for a clean rollback")
 FORK_INTERRUPTED = Message(
     logging.WARNING,
     "kimi-hotfix: %s was being applied by another thread when this process forked; "
@@ -98,9 +96,8 @@ FORK_INTERRUPTED = Message(
 METRICS_FAILED = Message(
     logging.WARNING, "kimi-hotfix: metrics: %s; /metrics lacks the kimi_hotfix series",
     "kimi-hotfix: metrics: <what failed>; /metrics lacks the kimi_hotfix series",
-    "the shim could not put its states on vLLM's Prometheus endpoint (logged once); "
-    "the patches are not affected",
-    "read the states in the log lines; report it with the traceback that follows")
+    "the states could not reach vLLM's /metrics (logged once); the patches are unaffected",
+    "read the log lines; report it with the traceback that follows")
 
 CONFIG_FLAG = Message(
     logging.WARNING, "%s=%s is not understood; valid values: %s or %s; using %s",
