@@ -35,6 +35,13 @@ def run(tmp_path, code, names, timeout=120, **env):
     return run_python(["-c", PRELUDE + code], env=environ, check=False, timeout=timeout)
 
 
+def run_strict_or_not(tmp_path, code, names, strict):
+    """(the child's JSON, its process) with KIMI_HOTFIX_STRICT set or not; the child exits 0."""
+    proc = run(tmp_path, code, names, KIMI_HOTFIX_STRICT="1" if strict else None)
+    assert proc.returncode == 0, proc.stderr
+    return json_lines(proc.stdout)[0], proc
+
+
 UNDO = r'''
 a, b = Fake("a", base.needed("x")), Fake("b", base.needed("x"))
 fakes.register(a, b)
@@ -92,9 +99,7 @@ fakes.emit(out)
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_second_patch_on_an_owned_attribute_is_refused(tmp_path, strict):
-    proc = run(tmp_path, CONFLICT, ["shared"], KIMI_HOTFIX_STRICT="1" if strict else None)
-    assert proc.returncode == 0, proc.stderr
-    out = json_lines(proc.stdout)[0]
+    out, proc = run_strict_or_not(tmp_path, CONFLICT, ["shared"], strict)
     why = "Thing.first is already patched by kimi-hotfix patch 'owner'"
     assert out["states"] == {"owner": ["applied", "applied"], "second": ["failed", f"failed: {why}"]}
     if strict:  # the import failed: the module is not in sys.modules
@@ -124,9 +129,7 @@ fakes.emit(out)
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_arming_failure_reads_failed_with_its_reason(tmp_path, strict):
-    proc = run(tmp_path, ARM_FAILS, ["a"], KIMI_HOTFIX_STRICT="1" if strict else None)
-    assert proc.returncode == 0, proc.stderr
-    out = json_lines(proc.stdout)[0]
+    out, proc = run_strict_or_not(tmp_path, ARM_FAILS, ["a"], strict)
     why = "arming failed: RuntimeError: hook registry broken"
     assert out["arm"] == (f"KimiHotfixError: {why}" if strict else "returned")
     assert out["states"] == {"a": ["failed", f"failed: {why}"]}
@@ -155,9 +158,7 @@ fakes.emit(out)
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_hook_failure_reads_failed_and_strict_fails_the_import(tmp_path, strict):
-    proc = run(tmp_path, HOOK_FAILS, ["a"], KIMI_HOTFIX_STRICT="1" if strict else None)
-    assert proc.returncode == 0, proc.stderr
-    out = json_lines(proc.stdout)[0]
+    out, proc = run_strict_or_not(tmp_path, HOOK_FAILS, ["a"], strict)
     why = "its import hook failed: KeyError: \"the shim's own bug\""
     assert out["states"] == {"a": ["failed", f"failed: {why}"]}
     assert out["installed"] == (False if strict else [])  # strict: the import failed
