@@ -73,12 +73,9 @@ def find() -> dict:
         return {"source": "vendored", "module": VENDORED, "path": vendored,
                 "version": _vendored_version(), "compiled": _compiled(vendored)}
     none = {"source": None, "module": None, "path": None, "version": None, "compiled": None}
-    import importlib.util
+    from kimi_hotfix.versions import find_spec
 
-    try:
-        spec = importlib.util.find_spec("wrapt")  # a top-level name: imports nothing
-    except (ImportError, ValueError):
-        return none
+    spec = find_spec("wrapt")  # a top-level name: imports nothing
     if spec is None:
         return none
     locations = list(spec.submodule_search_locations or [])

@@ -32,13 +32,13 @@ outside the package (mistral-common's own asserts, torch's).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import re
 import sys
 import time
 from pathlib import Path
 
+from kimi_hotfix import versions
 from kimi_hotfix.audit import cache as _cache
 from kimi_hotfix.audit import summary as _summary
 
@@ -54,10 +54,7 @@ _CONSTRUCTORS = ("__new__", "__init__", "__post_init__")
 def locate(package="vllm"):
     """(package directory, distribution name, version) of the installed
     package, found without importing it; None where it is not installed."""
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
+    spec = versions.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
     root = Path(list(spec.submodule_search_locations)[0]).resolve()
