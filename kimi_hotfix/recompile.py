@@ -204,6 +204,13 @@ def _undecorated(tree):
     return tree
 
 
+def _bound(node):
+    """The names an import statement binds in its scope."""
+    if isinstance(node, ast.Import):
+        return [a.asname or a.name.split(".")[0] for a in node.names]
+    return [a.asname or a.name for a in node.names if a.name != "*"]
+
+
 @functools.lru_cache(maxsize=16)
 def _imported_names(filename):
     """Import-bound names of the module in ``filename``. CPython compiles
@@ -218,10 +225,8 @@ def _imported_names(filename):
     todo = list(tree.body)
     while todo:  # the module's own scope: not inside a def or a class
         node = todo.pop(0)
-        if isinstance(node, ast.Import):
-            names += [a.asname or a.name.split(".")[0] for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names += [a.asname or a.name for a in node.names if a.name != "*"]
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names += _bound(node)
         elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             for field in ("body", "orelse", "finalbody", "handlers"):
                 todo += getattr(node, field, None) or ()
@@ -251,10 +256,8 @@ def _column_zero_imports(filename):
         except SyntaxError:
             continue
         for node in statement:
-            if isinstance(node, ast.Import):
-                names += [a.asname or a.name.split(".")[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names += [a.asname or a.name for a in node.names if a.name != "*"]
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names += _bound(node)
     return tuple(dict.fromkeys(names))
 
 
