@@ -276,7 +276,11 @@ def _patch_rows():
     (qualified name, {hash: release}, why) triples, kept next to the patch."""
     for name in PATCH_MODULES:
         modname = f"kimi_hotfix.patches.{name}.covers"
-        if importlib.util.find_spec(modname) is None:
+        try:
+            spec = importlib.util.find_spec(modname)
+        except ModuleNotFoundError:  # a patch that is one module, not a package
+            spec = None
+        if spec is None:
             continue
         for qualname, hashes, why in importlib.import_module(modname).COVERS:
             covered(qualname, hashes, name, why)
