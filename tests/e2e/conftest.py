@@ -107,7 +107,7 @@ def pytest_configure(config):
 def named_on_command_line(config) -> bool:
     """Real servers start only when the tier is asked for by path (tests/e2e or
     a file or test in it): a bare ``pytest`` from the root (testpaths = tests)
-    must not start eleven servers on a shared machine."""
+    must not start a dozen servers on a shared machine."""
     here = Path(__file__).resolve().parent
     for arg in config.args:
         path = Path(arg.split("::")[0])
