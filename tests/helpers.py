@@ -112,3 +112,45 @@ def final_summary(stderr: str) -> str:
 
 def warning_lines(stderr: str) -> list:
     return [line for line in stderr.splitlines() if " WARNING " in line and "kimi-hotfix[" in line]
+
+
+class OncePool:
+    """Computes ``compute(key)`` at most once per key per session, in worker
+    threads, at most ``workers`` at a time. ``prefetch`` starts keys early (in
+    the order given); ``get`` waits for one; ``results`` are those that finished.
+    Both tiers drive their expensive children with it: tests/real/harness.py
+    (one vLLM child per configuration) and tests/e2e/runs.py (one server per run)."""
+
+    def __init__(self, workers: int, compute=None, name: str = "pool"):
+        import threading
+
+        self.workers, self.compute, self.name = workers, compute, name
+        self.futures: dict = {}
+        self.lock = threading.Lock()
+        self.executor = None
+
+    def submit(self, key):
+        import concurrent.futures
+
+        with self.lock:
+            if key not in self.futures:
+                if self.executor is None:
+                    self.executor = concurrent.futures.ThreadPoolExecutor(
+                        self.workers, thread_name_prefix=self.name)
+                self.futures[key] = self.executor.submit(self.compute, key)
+            return self.futures[key]
+
+    def prefetch(self, keys) -> None:
+        for key in dict.fromkeys(keys):
+            self.submit(key)
+
+    def get(self, key):
+        return self.submit(key).result()
+
+    def results(self) -> list:
+        return [f.result() for f in self.futures.values()
+                if f.done() and not f.cancelled() and not f.exception()]
+
+    def shutdown(self, wait: bool) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=wait, cancel_futures=True)

@@ -169,9 +169,9 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    runs.POOL.shutdown()
+    runs.POOL.shutdown(wait=True)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    done = runs.POOL.summary()
+    done = runs.POOL.results()
     left = [p for p in serving.all_procs() if "tiny_models" not in p.cmdline
             and any(r.get("root_pid") == p.sid for r in done)]
     if reporter and (runs.POOL.futures or runs.MEASURED):

@@ -59,7 +59,6 @@ which prints the planner's KV-cache groups. The pool runs at most
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import shutil
 import subprocess
@@ -71,6 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import serving
+from helpers import OncePool
 from serving import OBSERVER, REPO, Server, serve_python, server_env
 from tiny_models import PROMPT_WORDS, prompt_words
 
@@ -293,46 +293,25 @@ def execute(spec: RunSpec, ws: Workspace, logdir: Path) -> dict:
     return record
 
 
-class Pool:
-    """Runs servers, at most MAX_SERVERS at a time, each once per session."""
+class Pool(OncePool):
+    """Runs servers, at most MAX_SERVERS at a time, each once per session, in
+    ``ORDER``; ``configure`` names the work directory first."""
 
     def __init__(self):
-        self.futures: dict = {}
-        self.lock = threading.Lock()
-        self.executor = None
+        super().__init__(MAX_SERVERS, self._execute, name="e2e-server")
         self.ws = None
         self.logdir = None
-        self.t0 = time.monotonic()
 
     def configure(self, root: Path):
         self.ws = Workspace(root)
         self.logdir = root / "servers"
         self.logdir.mkdir(parents=True, exist_ok=True)
 
-    def submit(self, name: str):
-        with self.lock:
-            if name not in self.futures:
-                if self.executor is None:
-                    self.executor = concurrent.futures.ThreadPoolExecutor(
-                        MAX_SERVERS, thread_name_prefix="e2e-server")
-                self.futures[name] = self.executor.submit(execute, RUNS[name], self.ws, self.logdir)
-            return self.futures[name]
+    def _execute(self, name: str) -> dict:
+        return execute(RUNS[name], self.ws, self.logdir)
 
     def prefetch(self, names):
-        for name in sorted(set(names), key=lambda n: ORDER.index(n) if n in ORDER else 99):
-            self.submit(name)
-
-    def get(self, name: str) -> dict:
-        return self.submit(name).result()
-
-    def shutdown(self):
-        if self.executor is not None:
-            self.executor.shutdown(wait=True, cancel_futures=True)
-
-    def summary(self) -> list:
-        done = [f.result() for f in self.futures.values()
-                if f.done() and not f.cancelled() and not f.exception()]
-        return done
+        super().prefetch(sorted(set(names), key=lambda n: ORDER.index(n) if n in ORDER else 99))
 
 
 POOL = Pool()

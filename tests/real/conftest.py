@@ -59,10 +59,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    POOL.shutdown()
+    POOL.shutdown(wait=False)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    done = [f.result() for f in POOL.futures.values()
-            if f.done() and not f.cancelled() and not f.exception()]
+    done = POOL.results()
     children = [r for r in done if hasattr(r, "seconds")]
     if reporter and children:
         total = sum(r.seconds for r in children)

@@ -19,7 +19,6 @@ kept as JSON under ``KIMI_HOTFIX_TEST_CACHE`` when set, for one session only.
 
 from __future__ import annotations
 
-import concurrent.futures
 import fcntl
 import hashlib
 import json
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import OPT_FLAGS, REPO, hermetic_env, json_lines  # noqa: E402
+from helpers import OPT_FLAGS, REPO, OncePool, hermetic_env, json_lines  # noqa: E402
 
 RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.33.0", "0.29.0-py3.12")
 DEFAULT_RELEASES = ("0.29.0", "0.30.0", "0.33.0")
@@ -225,34 +224,7 @@ def _compute(key):
             lock.close()
 
 
-class _Pool:
-    def __init__(self):
-        self.futures: dict = {}
-        self.lock = threading.Lock()
-        self.executor = None
-
-    def _submit(self, key):
-        with self.lock:
-            if key not in self.futures:
-                if self.executor is None:
-                    workers = max(1, min(4, os.cpu_count() or 1))
-                    self.executor = concurrent.futures.ThreadPoolExecutor(workers)
-                self.futures[key] = self.executor.submit(_compute, key)
-            return self.futures[key]
-
-    def prefetch(self, keys):
-        for key in dict.fromkeys(keys):
-            self._submit(key)
-
-    def get(self, key):
-        return self._submit(key).result()
-
-    def shutdown(self):
-        if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-POOL = _Pool()
+POOL = OncePool(max(1, min(4, os.cpu_count() or 1)), _compute, name="vllm-child")
 
 
 def child(release, name="on", opt="plain", seed=0) -> Run:
