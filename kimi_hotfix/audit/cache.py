@@ -40,11 +40,11 @@ class Store:
         self.reads = self.writes = 0
 
     @classmethod
-    def open(cls, root=None):
-        from kimi_hotfix.audit.scan import SCAN_VERSION
-
+    def open(cls, scan_version: int, root=None):
+        """The store for summaries made by scanner version ``scan_version``
+        (the caller's: this module imports nothing of the audit's)."""
         base = Path(root) if root is not None else cache_root()
-        return cls(base / f"v{SCAN_VERSION}-py{sys.version_info[0]}{sys.version_info[1]}")
+        return cls(base / f"v{scan_version}-py{sys.version_info[0]}{sys.version_info[1]}")
 
     def _path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}.json"

@@ -398,7 +398,7 @@ def scan(root=None, *, package="vllm", depth=DEFAULT_DEPTH, use_cache=True):
     else:
         root = Path(root).resolve()
         dist, version = _distribution(package, root)
-    store = _cache.Store.open() if use_cache else None
+    store = _cache.Store.open(SCAN_VERSION) if use_cache else None
     tree = Tree(root, package, store)
     timings["read_and_hash_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()

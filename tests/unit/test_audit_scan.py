@@ -341,6 +341,36 @@ def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
     assert cache.cache_root() == tmp_path / "k" / "audit"
 
 
+def test_the_audit_modules_depend_one_way():
+    """No two of the audit's modules import each other, function-level imports
+    included (cache.py took the scanner version from scan.py, which uses the
+    cache: issue 22 item 14). The scanner version reaches the cache as an argument."""
+    import ast
+
+    package = REPO / "kimi_hotfix" / "audit"
+    names = {p.stem for p in package.glob("*.py")} - {"__init__"}
+    edges = {}
+    for name in names:
+        found = set()
+        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in ("kimi_hotfix.audit", None):
+                found |= {a.name for a in node.names}  # from kimi_hotfix.audit import x / from . import x
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module.rpartition("kimi_hotfix.audit.")[2] or node.module)
+            elif isinstance(node, ast.Import):
+                found |= {a.name.rpartition("kimi_hotfix.audit.")[2] for a in node.names}
+        edges[name] = (found & names) - {name}
+    assert edges["scan"] >= {"cache", "summary"}  # the walk sees imports at all
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in edges[start])
+
+    assert sorted(n for n in names if reaches(n, n)) == []
+    store = cache.Store.open(scan.SCAN_VERSION, root="/nowhere")
+    python = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    assert store.directory == Path("/nowhere") / f"v{scan.SCAN_VERSION}-{python}"
+
+
 def test_concurrent_runs_share_one_cache(tmp_path):
     """Four processes scan one tree into one empty cache at once: every run gets
     the same sites, no temporary file is left, every entry decodes."""
