@@ -346,6 +346,8 @@ def uv_binary():
 
 def build(name):
     """Build (or reuse) venv ``name`` from its lock; returns its path."""
+    if name == "uv":  # made by pip, not by uv: uv_binary() holds its own lock
+        return uv_binary().parents[1]
     k = kind(name)
     found = find_python(k["python"])
     if found is None:

@@ -53,14 +53,8 @@ def build(name, cache=None):
     env = dict(os.environ)
     if cache is not None:
         env["KIMI_HOTFIX_CACHE"] = str(cache)
-    if name == "uv":  # made by pip, not by uv (scripts/build-venv has no command for it)
-        code = f"import sys; sys.path.insert(0, {str(REPO / 'scripts')!r}); import venvlock; " \
-               "print(venvlock.uv_binary().parents[1])"
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                              timeout=1800)
-    else:
-        proc = subprocess.run([str(REPO / "scripts" / "build-venv"), name], capture_output=True,
-                              text=True, env=env, timeout=1800)
+    proc = subprocess.run([str(REPO / "scripts" / "build-venv"), name], capture_output=True,
+                          text=True, env=env, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return Path(proc.stdout.strip().splitlines()[-1])
 
