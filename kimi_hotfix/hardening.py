@@ -7,7 +7,8 @@ This module gives a named vLLM function its plain-Python behaviour back:
 
 - ``asserts(func)``: how many ``assert`` statements the function's own source
   holds (a structural check on its parsed source, not on text a comment could
-  satisfy); ``None`` where the source is unavailable;
+  satisfy); ``None`` where the source is unavailable; ``checks(func)``: the
+  same less the type-narrowing ones;
 - ``harden(func)``: the function recompiled from vLLM's own source with each
   ``assert cond, msg`` written as ``if not cond: raise AssertionError(msg)``,
   compiled with ``optimize=0`` (kimi_hotfix.recompile: checked byte for byte
@@ -61,18 +62,31 @@ def asserts(func):
     included), or None when it has no source (kimi_hotfix.recompile reads it:
     the def alone, not the whole module, where it can). Counted once per code
     object: a patch's check and its apply ask the same question."""
+    return _counts(func)[0]
+
+
+def checks(func):
+    """Like ``asserts``, less the type-narrowing ones (``isinstance(...)``,
+    ``x is not None``, with no message: recompile.type_narrowing); None when
+    there is no source."""
+    return _counts(func)[1]
+
+
+def _counts(func) -> tuple:
     code = getattr(func, "__code__", None)
     if code is None:
-        return None
+        return None, None
     if code not in _ASSERTS:
         try:
-            _ASSERTS[code] = recompile.asserts_in(recompile.function_ast(func))
+            tree = recompile.function_ast(func)
+            _ASSERTS[code] = (recompile.asserts_in(tree),
+                              recompile.asserts_in(tree, skip=recompile.type_narrowing))
         except PatchError:
-            _ASSERTS[code] = None
+            _ASSERTS[code] = None, None
     return _ASSERTS[code]
 
 
-_ASSERTS: dict = {}  # {code object: asserts() answer}; a handful of entries per process
+_ASSERTS: dict = {}  # {code object: (asserts, checks)}; a handful of entries per process
 
 
 def harden(func):

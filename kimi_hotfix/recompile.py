@@ -177,21 +177,39 @@ def function_ast(func) -> ast.Module:
     return ast.Module(body=[funcdef], type_ignores=[])
 
 
-def asserts_in(tree) -> int:
+def asserts_in(tree, skip=None) -> int:
     """How many ``assert`` statements ``tree`` holds, nested blocks and defs
-    included. It walks statements only (an assert is one; expressions, the bulk
-    of a tree, cannot hold one): several times cheaper than ast.walk."""
+    included, less those ``skip(node)`` is true for. It walks statements only
+    (an assert is one; expressions, the bulk of a tree, cannot hold one):
+    several times cheaper than ast.walk."""
     count, todo = 0, list(tree.body)
     while todo:
         node = todo.pop()
         if isinstance(node, ast.Assert):
-            count += 1
+            count += skip is None or not skip(node)
             continue
         for field in ("body", "orelse", "finalbody", "handlers", "cases"):
             block = getattr(node, field, None)
             if isinstance(block, list):
                 todo.extend(block)
     return count
+
+
+def type_narrowing(node) -> bool:
+    """``assert isinstance(...)`` or ``assert x is not None``, with no message:
+    an assert that tells a type checker what vLLM's own code already guarantees,
+    not a check of what a user configured (upstream/make_patches.py leaves the
+    same ones). One with a message is a check (e.g. a getter's "not
+    initialized")."""
+    test = node.test
+    if node.msg is not None:
+        return False
+    if isinstance(test, ast.Call) and getattr(test.func, "id", None) == "isinstance":
+        return True
+    return (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.IsNot)
+            and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None)
 
 
 def _undecorated(tree):

@@ -2,24 +2,33 @@
 
     python upstream/make_patches.py VLLM_0_33_TREE [--check]
 
-VLLM_0_33_TREE holds the ``vllm/`` package of the 0.33.0 wheel (e.g.
-``~/.cache/kimi-hotfix/vllm/vllm-0.33.0``). For each patch, a scratch git
-repository gets the original files, the edit below and the regression test
-from ``upstream/tests/``, and ``git format-patch --signoff`` writes
-``upstream/000N-*.patch`` (author and sign-off: this checkout's git identity).
-The edits turn ``assert cond, msg`` into ``if not cond: raise
-AssertionError(msg)`` (same exception, same message, the condition evaluated
-once), in the functions named, and ``ruff format --line-length 88`` (vLLM's
-setting; these files are ruff-formatted as released) lays them out.
-0001's edit is the hand-written one kept in its patch (it reads better than
-the mechanical one and was reviewed as such). ``--check`` rebuilds into a
-scratch directory and fails when a committed patch's diff differs.
+VLLM_0_33_TREE holds the ``vllm/`` package of the 0.33.0 wheel (e.g. a vLLM
+venv's site-packages). For each patch, a scratch git repository gets the
+original files, the edit below and the regression test from
+``upstream/tests/``; ``git format-patch`` writes ``upstream/000N-*.patch``.
+
+No patch carries an identity: the commit is made under a placeholder and the
+``From:`` author header is dropped from the file, and there is no
+``Signed-off-by:``. The DCO is certified by whoever submits: they apply a patch
+as their own commit and sign it off (upstream/README.md says how). The commit
+message carries the ``Co-authored-by:`` trailer vLLM's contributing guide asks
+for when an AI tool helped.
+
+0001's edit is the hand-written one kept in its patch (its ``vllm/`` hunks).
+0002 and 0003 are mechanical: in the functions named, ``assert cond, msg``
+becomes ``if <cond negated as a person writes it>: raise <exception>(msg)``
+(same message, the condition evaluated once, ``if a: assert b`` joined into
+one ``if``), 0003 leaving type-narrowing asserts (``isinstance(...)``,
+``x is not None``, with no message) as they are; then ``ruff format --line-length 88`` (vLLM's
+setting; these files are ruff-formatted as released). ``--check`` rebuilds into
+a scratch directory and fails when a committed patch differs.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -28,30 +37,63 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RUFF = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+PLACEHOLDER = ("unsigned", "unsigned@invalid")  # dropped from the patch file
+TRAILER = "Co-authored-by: Claude"  # vLLM's contributing guide, "AI Assisted Contributions"
+
+INVERSE = {ast.Is: "is not", ast.IsNot: "is", ast.In: "not in", ast.NotIn: "in",
+           ast.Eq: "!=", ast.NotEq: "==", ast.Lt: ">=", ast.LtE: ">", ast.Gt: "<=",
+           ast.GtE: "<"}
 
 
-def _condition(source, test):
-    """Source text of ``not test``, written the way a person would."""
-    seg = ast.get_source_segment(source, test)
+def negate(source, test) -> tuple[str, type | None]:
+    """Source text of ``not test`` written the way a person would, and the
+    boolean operator at its top (``ast.And``/``ast.Or``, None: an atom)."""
+    def seg(node):
+        return ast.get_source_segment(source, node)
+
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return ast.get_source_segment(source, test.operand)
-    if (isinstance(test, ast.Compare) and len(test.ops) == 1
-            and type(test.ops[0]) in (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
-        inverse = {ast.Is: "is not", ast.IsNot: "is", ast.In: "not in", ast.NotIn: "in"}
-        left = ast.get_source_segment(source, test.left)
-        right = ast.get_source_segment(source, test.comparators[0])
-        return f"{left} {inverse[type(test.ops[0])]} {right}"
-    if isinstance(test, (ast.Call, ast.Name, ast.Attribute)):
-        return f"not {seg}"
-    return f"not ({seg})"
+        inner = test.operand
+        return seg(inner), type(inner.op) if isinstance(inner, ast.BoolOp) else None
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = seg(test.left), type(test.ops[0]), seg(test.comparators[0])
+        is_len = isinstance(test.left, ast.Call) and getattr(test.left.func, "id", "") == "len"
+        if is_len and op is ast.Gt and right == "0":
+            return f"{left} == 0", None
+        return f"{left} {INVERSE[op]} {right}", None
+    if isinstance(test, ast.BoolOp):  # De Morgan, evaluated in the same order
+        top = ast.Or if isinstance(test.op, ast.And) else ast.And
+        parts = [joinable(*negate(source, value), top) for value in test.values]
+        return (" or " if top is ast.Or else " and ").join(parts), top
+    if isinstance(test, (ast.Call, ast.Name, ast.Attribute, ast.Subscript)):
+        return f"not {seg(test)}", None
+    return f"not ({seg(test)})", None
 
 
-def mechanical(source: str, functions: list[str]) -> str:
+def joinable(text, top, joiner) -> str:
+    """``text`` to join with ``joiner``: parenthesized only where needed."""
+    return f"({text})" if top is not None and top is not joiner else text
+
+
+def is_type_narrowing(node: ast.Assert) -> bool:
+    """``assert isinstance(...)`` or ``assert x is not None``, with no message."""
+    test = node.test
+    if node.msg is not None:
+        return False
+    if isinstance(test, ast.Call) and getattr(test.func, "id", None) == "isinstance":
+        return True
+    return (isinstance(test, ast.Compare) and [type(op) for op in test.ops] == [ast.IsNot]
+            and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None)
+
+
+def mechanical(source: str, functions: list[str], exception: str = "AssertionError",
+               keep_type_narrowing: bool = False, comment: str = "") -> str:
     """``source`` with every assert in the named ``Class.method``/``function``
-    defs written as an explicit raise. An assert that is the whole body of an
-    ``if`` (no ``else``) joins that ``if``'s condition: ``if a: assert b``
-    becomes ``if a and not b: raise`` (the same evaluation; what ruff's SIM102
-    asks for)."""
+    defs written as an explicit raise of ``exception`` (``comment``, if given,
+    as a line above each). An assert that is the
+    whole body of an ``if`` (no ``else``) joins that ``if``'s condition: ``if a:
+    assert b`` becomes ``if a and <not b>: raise`` (the same evaluation; what
+    ruff's SIM102 asks for)."""
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     targets = []
@@ -66,21 +108,24 @@ def mechanical(source: str, functions: list[str]) -> str:
 
     visit(tree.body, "")
     parents = {id(child): node for node in targets for child in ast.iter_child_nodes(node)}
-    asserts = [n for n in targets if isinstance(n, ast.Assert)]
+    asserts = [n for n in targets if isinstance(n, ast.Assert)
+               and not (keep_type_narrowing and is_type_narrowing(n))]
     if not asserts:
-        raise SystemExit(f"no assert found in {functions}")
+        raise SystemExit(f"no assert to rewrite in {functions}")
     for node in sorted(asserts, key=lambda n: n.lineno, reverse=True):
-        condition = _condition(source, node.test)
+        condition, top = negate(source, node.test)
         first = node
         parent = parents.get(id(node))
         if isinstance(parent, ast.If) and parent.body == [node] and not parent.orelse:
             outer = ast.get_source_segment(source, parent.test)
-            if isinstance(parent.test, ast.BoolOp) and isinstance(parent.test.op, ast.Or):
-                outer = f"({outer})"
-            condition, first = f"({outer}\nand {condition})", parent
+            outer_top = type(parent.test.op) if isinstance(parent.test, ast.BoolOp) else None
+            condition = (f"{joinable(outer, outer_top, ast.And)}\n"
+                         f"and {joinable(condition, top, ast.And)}")
+            first = parent
         indent = lines[first.lineno - 1][: first.col_offset]
         message = ast.get_source_segment(source, node.msg) if node.msg is not None else ""
-        new = f"{indent}if {condition}:\n{indent}    raise AssertionError({message})\n"
+        new = f"{indent}# {comment}\n" if comment else ""
+        new += f"{indent}if ({condition}):\n{indent}    raise {exception}({message})\n"
         lines[first.lineno - 1:node.end_lineno] = [new]
     return "".join(lines)
 
@@ -88,63 +133,74 @@ def mechanical(source: str, functions: list[str]) -> str:
 PATCHES = [
     {
         "name": "0002-parallel-state-inner-dp-getter-explicit-check",
-        "subject": "[Bugfix] Raise AssertionError explicitly in get_inner_dp_world_group",
+        "subject": "[Bugfix][KV Offload] Raise AssertionError explicitly in "
+                   "get_inner_dp_world_group",
         "body": (
             "CPU KV offload's _all_workers_barrier (vllm/v1/kv_offload/cpu/spec.py)\n"
             "falls back to the world group when get_inner_dp_world_group() raises\n"
             "AssertionError, i.e. when no DP replica spans nodes. The getter guards\n"
-            "with a bare assert, which python -O strips: it then returns None and\n"
-            "the barrier fails with AttributeError: 'NoneType' object has no\n"
-            "attribute 'barrier' when the offloading worker is created.\n\n"
+            "with an assert statement, which python -O strips: it then returns None\n"
+            "and creating the offloading worker fails with AttributeError:\n"
+            "'NoneType' object has no attribute 'barrier'.\n\n"
             "Raise the AssertionError explicitly, as KVCacheSpec.merge does since\n"
-            "#55234. Behaviour without -O is unchanged."
+            "#55234. Behaviour without python -O is unchanged."
         ),
         "edits": {"vllm/distributed/parallel_state.py": ["get_inner_dp_world_group"]},
+        "exception": "AssertionError",
+        "comment": "Explicit: _all_workers_barrier catches AssertionError; python -O "
+                   "strips asserts.",
         "tests": ["tests/v1/kv_offload/cpu/test_all_workers_barrier_optimized.py"],
     },
     {
         "name": "0003-vllm-config-explicit-checks",
-        "subject": "[Bugfix] Keep VllmConfig's checks under python -O",
+        "subject": "[Bugfix][Config] Raise ValueError instead of assert in VllmConfig checks",
         "body": (
-            "VllmConfig validates the engine configuration with bare asserts in\n"
-            "__post_init__, _set_cudagraph_sizes, _set_compile_ranges and\n"
+            "VllmConfig validates the engine configuration with assert statements\n"
+            "in __post_init__, _set_cudagraph_sizes, _set_compile_ranges and\n"
             "validate_block_size. python -O strips them, so configurations that\n"
-            "plain Python refuses start anyway, e.g. a decode context parallel\n"
-            "interleave size that does not divide the block size, or NIXL P/D\n"
-            "with decode_context_parallel_size neither 1 nor the transfer size.\n\n"
-            "Raise the same AssertionError with the same message explicitly.\n"
-            "Behaviour without -O is unchanged (pydantic still reports the\n"
-            "__post_init__ ones as a ValidationError)."
+            "python refuses start under python -O, e.g. a decode context parallel\n"
+            "interleave size that does not divide the block size, or NIXL P/D with\n"
+            "decode_context_parallel_size neither 1 nor the transfer size.\n\n"
+            "Raise ValueError with the same message, as the other checks of\n"
+            "vllm/config/vllm.py do. Nothing catches the AssertionError these\n"
+            "raised; those in __post_init__ still reach the caller as pydantic's\n"
+            "ValidationError. The type-narrowing asserts (isinstance, is not None)\n"
+            "stay.\n\n"
+            "Release note: python -O deployments whose configuration python refuses\n"
+            "no longer start; python refuses them with ValueError (was\n"
+            "AssertionError)."
         ),
         "edits": {"vllm/config/vllm.py": ["VllmConfig.__post_init__",
                                           "VllmConfig._set_cudagraph_sizes",
                                           "VllmConfig._set_compile_ranges",
                                           "VllmConfig.validate_block_size"]},
-        "tests": ["tests/config/test_vllm_config_optimized.py"],
+        "exception": "ValueError",
+        "keep_type_narrowing": True,
+        "tests": ["tests/config/test_vllm_config_checks.py"],
     },
 ]
 
 FIRST = {
     "name": "0001-kv-cache-spec-merge-explicit-checks",
-    "subject": "[Bugfix] Raise AssertionError explicitly in KV cache spec merges",
+    "subject": "[Bugfix][Core] Raise AssertionError explicitly in KV cache spec merges",
     "body": (
-        "The KV cache spec merges (FullAttentionSpec, MLAAttentionSpec, RSWASpec,\n"
-        "SlidingWindowMLASpec, SinkFullAttentionSpec) guard their inputs with\n"
-        "bare assert statements, which python -O strips. The planner tells\n"
-        "incompatible specs apart by catching AssertionError from these merges\n"
+        "Follow-up to #55234 for #54649. The merges of FullAttentionSpec,\n"
+        "MLAAttentionSpec, RSWASpec, SlidingWindowMLASpec and\n"
+        "SinkFullAttentionSpec still guard their inputs with assert statements,\n"
+        "which python -O strips. The planner reads the AssertionError of a merge\n"
+        "as \"these layers cannot share a KV cache group\"\n"
         "(is_kv_cache_spec_uniform, _get_kv_cache_groups_uniform_page_size), so\n"
-        "under -O it merges MLA specs with different cache_dtype_str (the value\n"
-        "kept comes from set.pop(), i.e. depends on PYTHONHASHSEED), fails with\n"
-        "AttributeError: 'MambaSpec' object has no attribute 'cache_dtype_str'\n"
-        "when MLA layers are listed before a Mamba layer, and with\n"
-        "'SlidingWindowSpec' object has no attribute 'attention_chunk_size'\n"
-        "when a full-attention layer is listed before a sliding-window one.\n\n"
-        "Replace every assert in the merges with an explicit raise of the same\n"
-        "AssertionError, as KVCacheSpec.merge does since #55234. Behaviour\n"
-        "without -O is unchanged.\n\n"
-        "Fixes #54649"
+        "under python -O it merges MLA specs with different cache_dtype_str (the\n"
+        "value kept comes from set.pop() and changes with PYTHONHASHSEED), and\n"
+        "fails with AttributeError: 'MambaSpec' object has no attribute\n"
+        "'cache_dtype_str' when MLA layers come before a Mamba layer.\n\n"
+        "Raise the same AssertionError explicitly, as KVCacheSpec.merge does\n"
+        "since #55234, in the merges and in the two checks that guard a pick\n"
+        "from a set (UniformTypeKVCacheSpecs.max_num_blocks_per_req,\n"
+        "get_uniform_page_size). Behaviour without python -O is unchanged."
     ),
-    "tests": ["tests/v1/core/test_kv_cache_spec_merge_optimized.py"],
+    "files": ["vllm/v1/kv_cache_interface.py", "vllm/v1/core/kv_cache_planning.py"],
+    "tests": ["tests/v1/core/test_kv_cache_spec_merge_checks.py"],
 }
 
 
@@ -153,60 +209,68 @@ def _git(repo, *args, **kwargs):
                           **kwargs).stdout
 
 
-def identity():
-    name = _git(HERE, "config", "user.name").strip()
-    email = _git(HERE, "config", "user.email").strip()
-    return name, email
+def without_author(text: str) -> str:
+    """The format-patch text less its ``From:`` author header (and the header's
+    folded continuation lines): the file names nobody."""
+    head, sep, rest = text.partition("\n\n")
+    head = re.sub(r"^From: .*\n(?: .*\n)*", "", head + "\n", flags=re.M).rstrip("\n")
+    return head + sep + rest
 
 
 def build(spec, tree: Path, out: Path, edit) -> Path:
-    name, email = identity()
     with tempfile.TemporaryDirectory() as scratch:
         repo = Path(scratch)
-        _git(repo, "init", "-q")
-        _git(repo, "config", "user.name", name)
-        _git(repo, "config", "user.email", email)
+        env = {"GIT_COMMITTER_DATE": "2026-12-02T12:00:00+0000",
+               "GIT_AUTHOR_DATE": "2026-12-02T12:00:00+0000", "PATH": "/usr/bin:/bin",
+               "GIT_AUTHOR_NAME": PLACEHOLDER[0], "GIT_AUTHOR_EMAIL": PLACEHOLDER[1],
+               "GIT_COMMITTER_NAME": PLACEHOLDER[0], "GIT_COMMITTER_EMAIL": PLACEHOLDER[1],
+               "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+        _git(repo, "init", "-q", env=env)
         for rel in edit:  # the released files
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(tree / rel, repo / rel)
-        _git(repo, "add", "-A")
-        _git(repo, "commit", "-q", "-m", "vLLM 0.33.0 as released")
+        _git(repo, "add", "-A", env=env)
+        _git(repo, "commit", "-q", "-m", "vLLM 0.33.0 as released", env=env)
         for rel, change in edit.items():
             change(repo / rel)
         for rel in spec["tests"]:
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(HERE / rel, repo / rel)
-        _git(repo, "add", "-A")
-        # ";" as the comment character: body lines like "Fixes #54649" are text
-        _git(repo, "-c", "core.commentChar=;", "commit", "-q", "--signoff",
-             "-m", spec["subject"] + "\n\n" + spec["body"],
-             env={"GIT_COMMITTER_DATE": "2026-12-02T12:00:00+0000",
-                  "GIT_AUTHOR_DATE": "2026-12-02T12:00:00+0000", "PATH": "/usr/bin:/bin"})
+        _git(repo, "add", "-A", env=env)
+        # ";" as the comment character: body lines like "#55234 ..." are text
+        _git(repo, "-c", "core.commentChar=;", "commit", "-q",
+             "-m", f"{spec['subject']}\n\n{spec['body']}\n\n{TRAILER}", env=env)
         target = out / f"{spec['name']}.patch"
-        text = _git(repo, "format-patch", "-1", "--stdout", "--no-signature", "HEAD")
-        target.write_text(text)
+        text = _git(repo, "format-patch", "-1", "--stdout", "--no-signature", "HEAD", env=env)
+        target.write_text(without_author(text))
     return target
 
 
-def _mechanical_edit(functions):
+def _mechanical_edit(functions, exception, keep_type_narrowing, comment):
     def change(path: Path):
-        path.write_text(mechanical(path.read_text(), functions))
+        path.write_text(mechanical(path.read_text(), functions, exception, keep_type_narrowing,
+                                   comment))
         subprocess.run([RUFF, "format", "--line-length", "88", "--quiet", str(path)], check=True)
 
     return change
 
 
-def _apply_first(path: Path):
-    """0001's hand-written edit, taken from the committed patch's hunks."""
-    committed = (HERE / f"{FIRST['name']}.patch").read_text()
-    diff = committed[committed.index("diff --git a/vllm/v1/kv_cache_interface.py"):]
-    diff = diff[:diff.index("diff --git a/tests/")] if "diff --git a/tests/" in diff else diff
-    subprocess.run(["patch", "-p1", "--quiet", "--fuzz=0"], input=diff, text=True, check=True,
-                   cwd=path.parents[len(Path("vllm/v1/kv_cache_interface.py").parts) - 1])
+def _hand_written(repo_root_of):
+    """0001's hand-written edit: the committed patch's hunks for ``vllm/`` files."""
+    def change(path: Path):
+        committed = (HERE / f"{FIRST['name']}.patch").read_text()
+        rel = path.relative_to(repo_root_of(path)).as_posix()
+        start = committed.index(f"diff --git a/{rel} ")
+        end = committed.find("\ndiff --git ", start + 1)
+        diff = committed[start:] if end < 0 else committed[start:end + 1]
+        subprocess.run(["patch", "-p1", "--quiet", "--fuzz=0"], input=diff, text=True,
+                       check=True, cwd=repo_root_of(path))
+
+    return change
 
 
-def diff_of(patch_text: str) -> str:
-    return patch_text[patch_text.index("diff --git"):]
+def _root_of(rel: str):
+    return lambda path: path.parents[len(Path(rel).parts) - 1]
 
 
 def main(argv=None) -> int:
@@ -216,12 +280,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) if args.check else HERE
-        built = [build(FIRST, args.tree, out, {"vllm/v1/kv_cache_interface.py": _apply_first})]
+        built = [build(FIRST, args.tree, out,
+                       {rel: _hand_written(_root_of(rel)) for rel in FIRST["files"]})]
         for spec in PATCHES:
-            edit = {rel: _mechanical_edit(funcs) for rel, funcs in spec["edits"].items()}
+            edit = {rel: _mechanical_edit(funcs, spec["exception"],
+                                          spec.get("keep_type_narrowing", False),
+                                          spec.get("comment", ""))
+                    for rel, funcs in spec["edits"].items()}
             built.append(build(spec, args.tree, out, edit))
-        stale = [p.name for p in built
-                 if diff_of(p.read_text()) != diff_of((HERE / p.name).read_text())]
+        stale = [p.name for p in built if p.read_text() != (HERE / p.name).read_text()]
     if args.check and stale:
         print(f"stale: {stale}", file=sys.stderr)
         return 1

@@ -20,6 +20,9 @@ check = vars(hsample.Config)["check"]
 out["asserts"] = {"getter": hardening.asserts(hsample.getter),
                   "no_assert": hardening.asserts(hsample.no_assert),
                   "check": hardening.asserts(check), "builtin": hardening.asserts(len)}
+out["checks"] = {"narrowing": [hardening.asserts(hsample.narrowing),
+                               hardening.checks(hsample.narrowing)],
+                 "getter": hardening.checks(hsample.getter), "builtin": hardening.checks(len)}
 
 def outcome(call):
     try:
@@ -73,6 +76,8 @@ def test_first_call_hardening_gives_plain_python_behaviour(opt):
     assert out["optimize"] == {"plain": 0, "O": 1, "OO": 2}[opt]
     # counted from the parsed source: a string line and a nested def's assert included/ignored right
     assert out["asserts"] == {"getter": 1, "no_assert": 0, "check": 2, "builtin": None}
+    # checks(): less the message-less isinstance / "is not None" asserts (config_checks decides on it)
+    assert out["checks"] == {"narrowing": [4, 2], "getter": 1, "builtin": None}
     refused = ["AssertionError", "group is not initialized"]
     over = ["AssertionError", "size 5 over 3"]
     if opt == "plain":

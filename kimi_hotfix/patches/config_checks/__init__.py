@@ -25,11 +25,30 @@ that plain Python accepts is accepted unchanged.
 
 Upstream: no PR yet (upstream/0003-vllm-config-explicit-checks.patch); no release
 up to 0.33.0 checks these without assert (measured: 0.29.0, 0.30.0, 0.33.0).
+0003 raises ``ValueError``, as the rest of ``vllm/config/vllm.py`` does, and
+leaves the type-narrowing asserts (``isinstance(...)``, ``x is not None``).
+
+Which exception: this patch raises ``AssertionError``, what plain Python raises
+on every release it applies to, and not 0003's ``ValueError``. Its promise is
+parity with plain Python on the same image: the same refusal, exception type
+and message (``validate_block_size``'s ``AssertionError``; pydantic's
+``assertion_error`` entry in the ``ValidationError`` of ``__post_init__``), so
+a log search, an alert or a script that matches plain Python's failure matches
+the ``-O`` one. Raising ``ValueError`` would make ``-O`` differ from plain
+Python on those releases. On a vLLM that carries 0003 the patch is not needed
+(see below) and vLLM raises ``ValueError`` with and without ``-O``: the shim
+never stands between the two. tests/real/test_o_parity.py checks the
+``AssertionError`` under ``-O`` on 0.29.0, 0.30.0 and 0.33.0, and
+tests/real/test_upstream.py that ``check`` finds it not needed once 0003 is in.
 
 Needed when (``check``): under ``-O``, one of those methods' source still
-holds an ``assert`` (a structural check on the parsed source). Without ``-O``
-the asserts are live: not affected. No source: cannot tell (applied; the first
-call then logs once and runs vLLM's own methods).
+holds an ``assert`` other than a type-narrowing one (``isinstance(...)`` or
+``x is not None``, with no message; a structural check on the parsed source:
+hardening.checks). Type-narrowing asserts restate what vLLM's
+own code guarantees (a dtype already resolved, a list pydantic validated as
+``list[int]``), refuse no configuration, and are what 0003 leaves. Without
+``-O`` the asserts are live: not affected. No source: cannot tell (applied;
+the first call then logs once and runs vLLM's own methods).
 """
 
 from __future__ import annotations
@@ -54,8 +73,9 @@ def methods(module) -> dict:
 
 
 def asserted(module) -> dict:
-    """{name: number of asserts} for the CHECKED methods (None: no source)."""
-    return {name: hardening.asserts(func) for name, func in methods(module).items()}
+    """{name: number of asserts, less the type-narrowing ones} for the CHECKED
+    methods (None: no source)."""
+    return {name: hardening.checks(func) for name, func in methods(module).items()}
 
 
 def decide(module, optimize) -> base.Decision:
@@ -69,7 +89,7 @@ def decide(module, optimize) -> base.Decision:
         return base.cannot_tell(f"source of VllmConfig.{', '.join(unknown)} unavailable")
     guarded = [name for name, count in found.items() if count]
     if not guarded:
-        return base.fixed("VllmConfig checks without assert")
+        return base.fixed("VllmConfig checks without assert (type-narrowing asserts aside)")
     return base.needed(f"-O strips the asserts of VllmConfig.{', VllmConfig.'.join(guarded)}")
 
 

@@ -25,11 +25,12 @@ def misfit_config():
 
 
 def validate(config) -> str:
-    """What validate_block_size does with ``config``: "accepted" or the error."""
+    """What validate_block_size does with ``config``: "accepted" or the error
+    (AssertionError up to 0.33.0; ValueError with upstream/0003 applied)."""
     try:
         config.validate_block_size()
-    except AssertionError as exc:
-        return f"AssertionError: {exc}"
+    except (AssertionError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
     return "accepted"
 
 

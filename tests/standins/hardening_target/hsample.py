@@ -12,6 +12,14 @@ def no_assert(x):
     return x + 1
 
 
+def narrowing(value, limit):
+    assert isinstance(value, int)
+    assert limit is not None
+    assert value is not None, "a message makes it a check"
+    assert value > 0, f"value {value} must be positive"
+    return value
+
+
 class Config:
     def __init__(self, size):
         self.size = size
