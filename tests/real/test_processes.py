@@ -17,6 +17,8 @@ garbage per variable) are in tests/unit.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness import child, venv_python
@@ -191,9 +193,11 @@ def test_wrapt_missing_one_warning_shim_inactive_vllm_works(release, no_wrapt_py
     (lines,) = summaries(proc.stderr).values()  # failed from the start: one line
     assert lines == [lines[0]] and lines[0].endswith(
         " | ".join(f"{p}: failed: wrapt is not installed" for p in PATCHES))
-    status = run_python(["-m", "kimi_hotfix", "status", "--json"], python=no_wrapt_python,
-                        cwd=REPO).stdout
-    assert '"active": "INACTIVE: wrapt is not installed' in status
+    proc = run_python(["-m", "kimi_hotfix", "status", "--json"], python=no_wrapt_python,
+                      cwd=REPO, check=False)
+    status = json.loads(proc.stdout)
+    assert proc.returncode == 3 and status["active"] is False
+    assert status["active_reason"].startswith("INACTIVE: wrapt is not installed")
 
 
 @pytest.mark.releases("0.29.0")
