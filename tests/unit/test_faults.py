@@ -241,8 +241,13 @@ def test_garbage_in_each_variable(var, kind):
     value = GARBAGE.get(kind, "" if kind == "empty" else "   ")
     proc = run_python(["-c", ARM_ONLY], env=_env_with(var, value))
     out = json_lines(proc.stdout)[0]
-    assert {k: out[k] for k in DEFAULTS} == DEFAULTS  # defaults kept
-    assert set(out["states"].values()) == {"pending"}  # armed, nothing disabled
+    closed = var == "KIMI_HOTFIX" and kind not in ("empty", "blank")  # the switch fails closed
+    assert {k: out[k] for k in DEFAULTS} == dict(DEFAULTS, enabled=not closed)  # defaults kept
+    if closed:  # every patch off, the value named as the process saw it
+        shown = os.fsdecode(value) if isinstance(value, bytes) else value
+        assert set(out["states"].values()) == {f"disabled (KIMI_HOTFIX={shown})"}
+    else:
+        assert set(out["states"].values()) == {"pending"}  # armed, nothing disabled
     warnings = warning_lines(proc.stderr)
     if kind in ("empty", "blank"):  # unset in effect: no warning
         assert warnings == [] and out["n_warnings"] == 0, proc.stderr

@@ -118,18 +118,24 @@ def test_status_toggles_and_their_warnings():
     assert len(toggles["warnings"]) == 5  # each variable, and disabled+forced
     for variable in ("KIMI_HOTFIX=", "KIMI_HOTFIX_DISABLE", "KIMI_HOTFIX_STRICT", "KIMI_HOTFIX_LOG_LEVEL"):
         assert any(variable in w for w in toggles["warnings"]), variable
-    assert toggles["enabled"] is True and toggles["strict"] is False
+    # an unknown master switch fails closed: off, every patch disabled, status exits 3
+    assert toggles["enabled"] is False and toggles["strict"] is False
+    assert report["active"] is False and report["active_reason"].startswith("OFF")
+    assert {p["decision"] for p in report["patches"]} == {"disabled (KIMI_HOTFIX=maybe)"}
     assert toggles["disabled"] == ["kv_spec_merge"] and toggles["forced"] == ["capture_workspace"]
     assert toggles["set"] == garbage
+    text = status(env=hermetic_env(**garbage), args=())
+    warning_lines = [line for line in text.splitlines() if line.startswith("  WARNING")]
+    assert len(warning_lines) == 5 and "'nonsense'" in text and "'loud'" in text
+    # the lists, with the switch on
+    del garbage["KIMI_HOTFIX"]
+    report = status(env=hermetic_env(**garbage))
     decisions = {p["name"]: p["decision"] for p in report["patches"]}
     kinds = {p["name"]: p["kind"] for p in report["patches"]}
     assert kinds == {**dict.fromkeys(patch_names(), "pending"), "kv_spec_merge": "disabled"}
     assert decisions["kv_spec_merge"] == "disabled (KIMI_HOTFIX_DISABLE)"
     assert decisions["capture_workspace"].startswith("forced (KIMI_HOTFIX_FORCE)")
     assert decisions["kda_overlong_rows"].startswith("decided when vLLM imports")
-    text = status(env=hermetic_env(**garbage), args=())
-    warning_lines = [line for line in text.splitlines() if line.startswith("  WARNING")]
-    assert len(warning_lines) == 5 and "'nonsense'" in text and "'loud'" in text
     # The master switch off: every patch disabled, and status says the shim is off.
     report = status(env=hermetic_env(KIMI_HOTFIX="off"))
     assert report["toggles"]["warnings"] == [] and report["active"] is False
