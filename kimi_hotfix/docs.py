@@ -30,11 +30,12 @@ def patch_table() -> str:
     rows = ["| what you see | patch | what it changes | upstream | fixed in |",
             "|---|---|---|---|---|"]
     for patch in registry.patches().values():
-        for symptoms in patch.symptom_rows:
+        for i, symptoms in enumerate(patch.symptom_rows):
             seen = "<br>".join(f"`{s}`" if s.startswith(("ValueError", "AttributeError"))
                                else s for s in symptoms)
-            rows.append(f"| {seen} | `{patch.name}` | {patch.summary} | {patch.upstream} | "
-                        f"{patch.fixed_in_text} |")
+            rest = (f"{patch.summary} | {patch.upstream} | {patch.fixed_in_text}" if i == 0
+                    else "(as above) | | ")  # a patch's second symptom row
+            rows.append(f"| {seen} | `{patch.name}` | {rest} |")
     return "\n".join(rows) + "\n"
 
 
