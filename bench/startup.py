@@ -16,18 +16,18 @@ the median of the per-round differences to its baseline with its error bar
   shim, cached             PYTHONPATH=<copy of the shim, compileall'ed>
   baseline -O              the same under -O (the nightly containers' mode;
   shim, cached, -O           needs the .opt-1.pyc files, compiled here too)
-  bundle[, -O]             PYTHONPATH=<a drop-in bundle directory>: the shim
-                           plus a vendored wrapt package at
-                           kimi_hotfix/_vendor/wrapt (a copy of the wrapt this
-                           interpreter has installed, standing in for the
-                           bundled one), every module precompiled for -O levels
-                           0, 1 and 2 with hash-checked .pyc files, as
-                           scripts/bundle does. The script checks that start-up
-                           imports none of it (no wrapt, no kimi_hotfix)
+  bundle[, -O]             PYTHONPATH=<the drop-in bundle>, built by
+                           scripts/bundle for the measured interpreter (the
+                           shim, the private wrapt from the registry at
+                           kimi_hotfix/_vendor/wrapt, every module precompiled
+                           for -O levels 0, 1 and 2 with hash-checked .pyc
+                           files). The script checks that start-up imports none
+                           of it (no wrapt, no kimi_hotfix)
   bundle, no-write env     the bundle with PYTHONDONTWRITEBYTECODE=1 (the
                            read-only containers it is made for)
   shim, no cache           PYTHONPATH=<source-only copy>, PYTHONDONTWRITEBYTECODE=1:
-                           sitecustomize.py is compiled at every start
+                           sitecustomize.py is compiled at every start, as from
+                           a read-only plain directory (nothing can be cached)
   empty sc, no cache       PYTHONPATH=<dir with a one-line sitecustomize.py>, same
                            env: what ANY source-only sitecustomize costs here
                            (compiling a source file imports tokenize, re, ...)
@@ -89,33 +89,26 @@ def copy_shim(dest: Path):
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
-def find_wrapt(python):
-    """The directory of the wrapt package that ``python`` (or this one) imports."""
-    for exe in (python, sys.executable):
-        out = subprocess.run([exe, "-c", "import os, wrapt; print(os.path.dirname(wrapt.__file__))"],
-                             capture_output=True, text=True)
-        if out.returncode == 0:
-            return Path(out.stdout.strip())
-    raise SystemExit("bench/startup.py: no wrapt installed to stand in for the bundle's vendored copy")
+def build_bundle(python: str, out: Path) -> Path:
+    """The bundle for ``python``, by scripts/bundle (run by this interpreter,
+    which needs pip; wrapt comes from the registry)."""
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bundle"), "--python-version",
+                           version, "--interpreter", python, "--out", str(out), "--no-tarball"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench/startup.py: scripts/bundle failed:\n{proc.stderr[-3000:]}")
+    return Path(proc.stdout.split()[-1])
 
 
 def prepare(tmp: Path, python: str):
-    cached, source, empty, bundle = tmp / "cached", tmp / "source", tmp / "empty", tmp / "bundle"
-    for dest in (cached, source, bundle):
+    cached, source, empty = tmp / "cached", tmp / "source", tmp / "empty"
+    for dest in (cached, source):
         copy_shim(dest)
     # compile with the measured interpreter, for -O too (opt-1)
     subprocess.run([python, "-m", "compileall", "-q", "-o", "0", "-o", "1", str(cached)], check=True)
-    # the bundle: a vendored wrapt under kimi_hotfix/_vendor, hash-checked .pyc
-    # files for every optimize level (as scripts/bundle compiles them)
-    vendor = bundle / "kimi_hotfix" / "_vendor"
-    vendor.mkdir(exist_ok=True)
-    if not (vendor / "__init__.py").exists():
-        (vendor / "__init__.py").write_text('"""Vendored dependencies."""\n')
-    if not (vendor / "wrapt").exists():
-        shutil.copytree(find_wrapt(python), vendor / "wrapt",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    subprocess.run([python, "-m", "compileall", "-q", "-o", "0", "-o", "1", "-o", "2",
-                    "--invalidation-mode", "checked-hash", str(bundle)], check=True)
+    bundle = build_bundle(python, tmp / "bundle")
     empty.mkdir()
     (empty / "sitecustomize.py").write_text('"""An empty sitecustomize."""\n')
     return cached, source, empty, bundle

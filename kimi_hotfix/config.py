@@ -6,9 +6,17 @@ KIMI_HOTFIX_FORCE     comma-separated patch names to apply even where vLLM looks
 KIMI_HOTFIX_STRICT    1: a patch that should apply but cannot raises at import
 KIMI_HOTFIX_LOG_LEVEL level of the ``kimi_hotfix`` logger (default INFO)
 
+Values: case and surrounding spaces are ignored; unset and empty are the same.
 Nothing here raises: a value that cannot be parsed yields one warning that lists
-the valid values, and the default is kept. Warnings are (message, args) pairs of
-the catalog in kimi_hotfix.messages; ``Config.warning_texts`` renders them.
+the valid values, and the default is kept, except for the master switch, which
+fails closed: an unknown ``KIMI_HOTFIX`` value (``disabled``, ``O``, ``flase``)
+turns the shim off. The switch is on by default, so whoever sets it is reaching
+for the kill switch, most likely during an incident; a typo that left the shim
+patching every process while the operator believes it is out is the failure
+nobody sees. Off is loud instead: the warning, every patch ``disabled
+(KIMI_HOTFIX=<value>)`` in the summary line, ``status`` exits 3, ``check``
+fails where a patch is needed. Warnings are (message, args) pairs of the
+catalog in kimi_hotfix.messages; ``Config.warning_texts`` renders them.
 """
 
 from __future__ import annotations
@@ -48,7 +56,9 @@ def _shown(value):
     return f"{value[:SHOWN]!r}... ({len(value)} characters)"
 
 
-def _flag(name, value, default, warnings):
+def _flag(name, value, default, warnings, unknown=None):
+    """A boolean toggle: ``default`` when unset or empty; ``unknown`` (default:
+    ``default``) with a warning when the value is neither true nor false."""
     if value is None:
         return default
     text = value.strip().lower()
@@ -58,9 +68,13 @@ def _flag(name, value, default, warnings):
         return True
     if text in FALSE:
         return False
+    chosen = default if unknown is None else unknown
+    using = "on" if chosen else "off"
+    if chosen != default:
+        using += f" (an unknown {name} fails closed)"
     warnings.append((messages.CONFIG_FLAG, (name, _shown(value), "/".join(TRUE), "/".join(FALSE),
-                                            "on" if default else "off")))
-    return default
+                                            using)))
+    return chosen
 
 
 def _names(name, value, valid, warnings):
@@ -89,7 +103,8 @@ def parse(valid_names, environ=None) -> Config:
     env = os.environ if environ is None else environ
     warnings: list = []
     valid = tuple(valid_names)
-    enabled = _flag("KIMI_HOTFIX", env.get("KIMI_HOTFIX"), True, warnings)
+    # the master switch fails closed (see the docstring): an unknown value is off
+    enabled = _flag("KIMI_HOTFIX", env.get("KIMI_HOTFIX"), True, warnings, unknown=False)
     disabled = _names("KIMI_HOTFIX_DISABLE", env.get("KIMI_HOTFIX_DISABLE"), valid, warnings)
     forced = _names("KIMI_HOTFIX_FORCE", env.get("KIMI_HOTFIX_FORCE"), valid, warnings)
     both = sorted(disabled & forced)

@@ -1,5 +1,6 @@
 """The README's generated tables: what the shim fixes (from the patches'
-metadata) and every line it can log (from kimi_hotfix.messages).
+metadata), every line it can log (from kimi_hotfix.messages) and the exit codes
+of the commands (from kimi_hotfix.cli, which ``--help`` prints too).
 
 ``scripts/docs`` writes them between the README's markers; a unit test fails
 when the README differs from ``render(readme_text)``. Imports no vLLM.
@@ -29,11 +30,12 @@ def patch_table() -> str:
     rows = ["| what you see | patch | what it changes | upstream | fixed in |",
             "|---|---|---|---|---|"]
     for patch in registry.patches().values():
-        for symptoms in patch.symptom_rows:
+        for i, symptoms in enumerate(patch.symptom_rows):
             seen = "<br>".join(f"`{s}`" if s.startswith(("ValueError", "AttributeError"))
                                else s for s in symptoms)
-            rows.append(f"| {seen} | `{patch.name}` | {patch.summary} | {patch.upstream} | "
-                        f"{patch.fixed_in_text} |")
+            rest = (f"{patch.summary} | {patch.upstream} | {patch.fixed_in_text}" if i == 0
+                    else "(as above) | | ")  # a patch's second symptom row
+            rows.append(f"| {seen} | `{patch.name}` | {rest} |")
     return "\n".join(rows) + "\n"
 
 
@@ -51,7 +53,21 @@ def state_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-TABLES = {"patch-table": patch_table, "log-table": log_table, "state-table": state_table}
+def exit_table() -> str:
+    from kimi_hotfix import cli
+
+    rows = ["| exit | " + " | ".join(f"`{c}`" for c in cli.COMMANDS) + " |",
+            "|---" * (len(cli.COMMANDS) + 1) + "|"]
+    for code, meanings in cli.EXIT_CODES:
+        cells = [(meanings[c] or "").replace("|", "\\|") for c in cli.COMMANDS]
+        rows.append(f"| {code} | " + " | ".join(cells) + " |")
+    rows.append("")
+    rows.append("Any command: " + "; ".join(f"{code} {when}" for code, when in cli.ANY) + ".")
+    return "\n".join(rows) + "\n"
+
+
+TABLES = {"patch-table": patch_table, "log-table": log_table, "state-table": state_table,
+          "exit-table": exit_table}
 
 
 def render(text: str) -> str:

@@ -101,8 +101,9 @@ METRICS_FAILED = Message(
 
 CONFIG_FLAG = Message(
     logging.WARNING, "%s=%s is not understood; valid values: %s or %s; using %s",
-    "KIMI_HOTFIX[_STRICT]=<value> is not understood; valid values: ...; using <default>",
-    "a toggle's value cannot be parsed; its default is kept", "fix the variable")
+    "KIMI_HOTFIX[_STRICT]=<value> is not understood; valid values: ...; using off ...",
+    "not a valid value: KIMI_HOTFIX is off (it fails closed), KIMI_HOTFIX_STRICT off",
+    "fix the variable")
 CONFIG_NAMES = Message(
     logging.WARNING, "%s: unknown patch name%s %s%s ignored; valid names: %s, or *",
     "KIMI_HOTFIX_DISABLE|FORCE: unknown patch name(s) <names> ignored; valid names: ...",

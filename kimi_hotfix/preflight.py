@@ -16,20 +16,95 @@ process started with ``-O`` brings back what only ``-O`` breaks.
 
 Run it with the flags the server runs with: ``python -O -m kimi_hotfix check``
 for optimized containers. This module names no patch.
+
+A host without a GPU (an image-build CI job): vLLM infers no device there and
+every probe would fail with "Failed to infer device type". The probes need no
+device (they run vLLM's Python code: the planner, the capture plan, the KDA
+builder), so where vLLM infers none, ``check`` sets ``VLLM_TARGET_DEVICE=cpu``
+for its own probes (``device`` in the report says so; nothing else in the
+report changes). Should a probe still fail for want of a device, the check
+exits 2 naming the fix, never "the patch does not fix it".
+
+The report also says whether the shim arms in a process started like this one
+(``deployment``, the view ``status`` gates on): a check passes with the shim
+armed by the check itself, so where nothing else would arm it (not on
+PYTHONPATH, no plugin), the check exits 3: a server started this way runs
+unpatched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
+import subprocess
 import sys
 import textwrap
+from typing import Optional
 
-from kimi_hotfix import __version__, versions
+from kimi_hotfix import __version__, cli, versions
 from kimi_hotfix.base import Kind, PatchError, ProbeResult, Verdict
 
 LEVELS = ((0, "plain"), (1, "-O"), (2, "-OO"))
+NO_DEVICE = "Failed to infer device type"  # vLLM's DeviceConfig, where no platform is found
+UNSPECIFIED = "UnspecifiedPlatform"  # vllm.platforms.interface: what vLLM infers on no device
+
+
+RERUN = "KIMI_HOTFIX_CHECK_RERUN"  # internal: marks the re-run on CPU, holds the first view
+
+
+def device() -> dict:
+    """What vLLM infers on this host (importing the ``vllm`` package resolves
+    its platform), or, in the re-run on CPU, what the first run found."""
+    inherited = os.environ.get(RERUN)
+    if inherited:
+        return json.loads(inherited)
+    info = {"VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE"), "platform": None,
+            "inferred": None, "probes_on": None, "set_by_check": False, "note": None}
+    try:
+        with stdout_to_stderr():
+            from vllm import platforms
+
+            platform = platforms.current_platform
+    except Exception as exc:  # an old or unusual vLLM: the probes tell
+        info["note"] = f"cannot ask vLLM which device it infers: {type(exc).__name__}: {exc}"
+        return info
+    info["platform"] = f"{type(platform).__module__}.{type(platform).__qualname__}"
+    if type(platform).__name__ != UNSPECIFIED:
+        info["inferred"] = info["probes_on"] = getattr(platform, "device_type", None) or "?"
+    return info
+
+
+def rerun_on_cpu(args) -> Optional[int]:
+    """Where vLLM infers no device, run this check again in a fresh interpreter
+    (same flags) with ``VLLM_TARGET_DEVICE=cpu``: vLLM resolves its platform
+    when its package is imported, so it cannot change in this process. Returns
+    the re-run's exit status, or None where the probes can run here."""
+    info = device()
+    if info["inferred"] is not None or info["platform"] is None or os.environ.get(RERUN):
+        return None
+    info.update(probes_on="cpu", set_by_check=True, note=(
+        "vLLM infers no device on this host; the probes ran on CPU (VLLM_TARGET_DEVICE=cpu, "
+        "set by check for them): they run vLLM's Python code, which needs no GPU"))
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", **{RERUN: json.dumps(info)})
+    package = os.path.dirname(os.path.abspath(__file__))  # ``python <dir>`` works under -I too
+    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), package, "check", *args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return subprocess.run(cmd, env=env).returncode
+
+
+def no_device(entry) -> bool:
+    """Whether a probe of ``entry`` failed because vLLM found no device."""
+    return any(NO_DEVICE in repr(entry[side]) for side in ("without", "with"))
+
+
+def device_fix() -> str:
+    """The command that runs the probes on CPU: this interpreter, its flags."""
+    flag = versions.optimize_flag(sys.flags.optimize)
+    return " ".join(["VLLM_TARGET_DEVICE=cpu", sys.executable, *([flag] if flag else []),
+                     "-m", "kimi_hotfix", "check"])
 
 
 @contextlib.contextmanager
@@ -80,6 +155,9 @@ def _still_wrapped(patch) -> list:
 
 def _problems(entry, state) -> None:
     without, with_, problems = entry["without"], entry["with"], entry["problems"]
+    if entry["no_device"]:  # nothing is known about the patch: say why, claim nothing
+        problems.append(f"the probe could not run: vLLM infers no device here ({NO_DEVICE})")
+        return
     for label, result in (("without", without), ("with", with_)):
         if result.get("error"):
             problems.append(f"the probe could not run {label} the patch: {result['error']}")
@@ -131,7 +209,7 @@ def check_patch(core, patch, state, import_error=None) -> dict:
         "failures": state.failures,
         "needed": True, "fixes": False, "affected": True,
         "without": {}, "with": {}, "state_with": None, "failures_with": None,
-        "decisions": {}, "problems": [], "notes": [],
+        "decisions": {}, "problems": [], "notes": [], "no_device": False,
     }
     if import_error:
         entry["decisions"] = _decisions(core, patch, None)
@@ -156,6 +234,7 @@ def check_patch(core, patch, state, import_error=None) -> dict:
     entry["needed"] = entry["without"].get("ok") is not True
     entry["fixes"] = entry["with"].get("ok") is True
     entry["affected"] = entry["without"].get("affected", True) is not False
+    entry["no_device"] = no_device(entry)
     _problems(entry, state)
     return entry
 
@@ -205,9 +284,31 @@ def verdict(problems, levels) -> str:
     return text
 
 
+def outcome(results, problems, levels, deployment, found) -> tuple:
+    """(exit status, verdict) of a check: 2 where a probe failed for want of a
+    device (naming the fix; no claim about any patch), 1 on any other problem,
+    3 where the shim is needed, on, and only the check armed it, else 0."""
+    if any(r["no_device"] for r in results):
+        return cli.CANNOT, (
+            f"kimi-hotfix check CANNOT RUN here: vLLM infers no device on this host and the "
+            f"probes failed with '{NO_DEVICE}'" + (
+                " even on CPU (VLLM_TARGET_DEVICE=cpu, set by check)" if found["set_by_check"]
+                else f"; they need no GPU: run {device_fix()}"))
+    text = verdict(problems, levels)
+    if problems:
+        return cli.FAILED, text
+    if any(lv["needed"] for lv in levels.values()) and deployment["enabled"] \
+            and not deployment["active"]:  # (KIMI_HOTFIX=0: the states say disabled)
+        return cli.UNARMED, (
+            f"{text}; BUT only this check armed the shim ({deployment['reason']}): a server "
+            "started like this interpreter runs unpatched (put the kimi-hotfix directory on "
+            "PYTHONPATH, or pip install it)")
+    return cli.OK, text
+
+
 def run() -> dict:
     """Arm, import vLLM's targets, probe every patch: the report ``check`` prints."""
-    from kimi_hotfix import core
+    from kimi_hotfix import core, status
 
     arm_error = None
     with stdout_to_stderr():
@@ -224,10 +325,13 @@ def run() -> dict:
         chosen = core.states()
         results = [check_patch(core, patch, chosen[name], import_errors.get(name))
                    for name, patch in core.patches().items()]
+        found = device()
     levels = _levels(results)
     problems = [f"{r['name']}: {p}" for r in results for p in r["problems"]]
     if arm_error:
         problems.insert(0, f"arming failed: {arm_error}")
+    deployment = status.deployment()
+    exit_status, text = outcome(results, problems, levels, deployment, found)
     level = sys.flags.optimize
     here = next(label for label, lv in levels.items() if lv["here"])
     return {
@@ -241,14 +345,16 @@ def run() -> dict:
             "optimize_flag": versions.optimize_flag(level),
             "PYTHONOPTIMIZE": os.environ.get("PYTHONOPTIMIZE"),
         },
+        "device": found,
         "armed_by": core.armed_by(),
+        "deployment": deployment,
         "patches": results,
         "needed": [n["name"] for n in levels[here]["needed"]],
         "levels": levels,
         "removable": not problems and not any(lv["needed"] for lv in levels.values()),
         "problems": problems,
-        "verdict": verdict(problems, levels),
-        "exit_status": 1 if problems else 0,
+        "verdict": text,
+        "exit_status": exit_status,
     }
 
 
@@ -304,16 +410,23 @@ def print_check(report, out=None) -> None:
     py = report["python"]
     opt = f"optimize {py['optimize']}" + (f" ({py['optimize_flag']})" if py["optimize"] else "")
     w(f"kimi-hotfix {report['kimi_hotfix']} check: vLLM {report['vllm']}, "
-      f"python {py['version']} {opt}\n\n")
+      f"python {py['version']} {opt}\n")
+    if report["device"]["set_by_check"]:
+        _wrapped_line(w, "device: ", report["device"]["note"])
+    w("\n")
     for p in report["patches"]:
         w(f"  {p['name']}: {p['probe'] or 'probe'}\n")
         w(f"      shim decided: {p['state']}\n")
         _side_by_side(p, out)
-        w(f"      probe: without {_mark(p['without'])}, with {_mark(p['with'])}"
-          f" -> {'NEEDED' if p['needed'] else 'not needed'}"
-          f"{'' if p['affected'] else ' (not affected)'}"
-          f"{', fixed by the patch' if p['needed'] and p['fixes'] else ''}"
-          f"{', NOT fixed by the patch' if p['needed'] and not p['fixes'] else ''}\n")
+        if p["no_device"]:
+            w(f"      probe: without {_mark(p['without'])}, with {_mark(p['with'])}"
+              " -> cannot tell here: vLLM infers no device (see the verdict)\n")
+        else:
+            w(f"      probe: without {_mark(p['without'])}, with {_mark(p['with'])}"
+              f" -> {'NEEDED' if p['needed'] else 'not needed'}"
+              f"{'' if p['affected'] else ' (not affected)'}"
+              f"{', fixed by the patch' if p['needed'] and p['fixes'] else ''}"
+              f"{', NOT fixed by the patch' if p['needed'] and not p['fixes'] else ''}\n")
         levels = "   ".join(f"{label}: {d['verdict']}" for label, d in p["decisions"].items())
         w(f"      check decides: {levels}\n")
         for problem in p["problems"]:
@@ -325,5 +438,13 @@ def print_check(report, out=None) -> None:
         names = ", ".join(n["name"] for n in level["needed"]) or "nothing"
         w(f"needed under {'python' if label == 'plain' else label}: {names}"
           f"{'   (this interpreter)' if level['here'] else ''}\n")
+    if report["exit_status"] == cli.UNARMED:
+        _wrapped_line(w, "deployment: ", f"{report['deployment']['reason']} (armed here by: "
+                      f"{', '.join(report['armed_by']) or 'nothing'})")
     w(f"removable: {'yes' if report['removable'] else 'no'}\n")
     w(f"verdict: {report['verdict']}\n")
+
+
+def _wrapped_line(w, first, text, width=110):
+    lines = textwrap.wrap(text, width, initial_indent=first, subsequent_indent="  ")
+    w("\n".join(lines or [first]) + "\n")

@@ -144,6 +144,37 @@ def _plugin_info():
     return info
 
 
+def _arms(cfg, shim, plugin, wrapt, vllm_version) -> tuple:
+    """(whether the shim arms when vLLM is imported in a process started like
+    this interpreter, why): ``status``'s gate and ``check``'s deployment view."""
+    via = (["sitecustomize"] if shim["sitecustomize_loaded"] else []) + (
+        ["vLLM plugin"] if plugin["loads"] else []
+    )
+    if not cfg.enabled:
+        return False, "OFF: KIMI_HOTFIX turns the shim off"
+    if not via:
+        return False, f"INACTIVE: sitecustomize {shim['why']}; no vLLM plugin that loads"
+    if not wrapt["installed"]:
+        return False, "INACTIVE: wrapt is not installed (pip install wrapt, or use the bundle)"
+    if vllm_version is None:
+        return False, f"loaded (via {' and '.join(via)}), idle: vLLM is not installed here"
+    return True, f"arms when vLLM is imported (via {' and '.join(via)})"
+
+
+def deployment() -> dict:
+    """``{"active": bool, "reason": str, "enabled": bool}``: would the shim arm
+    in a process started like this one (the sitecustomize loaded here, or the
+    vLLM plugin)? Not whether something (``check``) armed it here by hand.
+    ``enabled``: KIMI_HOTFIX does not turn it off."""
+    from kimi_hotfix import config, registry
+
+    python = _python_info()
+    cfg = config.parse(registry.names())
+    active, reason = _arms(cfg, _shim_info(python), _plugin_info(), _wrapt_info(),
+                           versions.installed_vllm()[0])
+    return {"active": active, "reason": reason, "enabled": cfg.enabled}
+
+
 def status_report() -> dict:
     """Everything ``status`` prints. Imports no vLLM, torch or wrapt."""
     from kimi_hotfix import config, core, registry
@@ -185,25 +216,14 @@ def status_report() -> dict:
             "expected_needed": needed,  # an expectation from the version string only
             "expectation": why,
         })
-    via = (["sitecustomize"] if shim["sitecustomize_loaded"] else []) + (
-        ["vLLM plugin"] if plugin["loads"] else []
-    )
-    if not cfg.enabled:
-        active = "OFF: KIMI_HOTFIX turns the shim off"
-    elif not via:
-        active = f"INACTIVE: sitecustomize {shim['why']}; no vLLM plugin that loads"
-    elif not wrapt["installed"]:
-        active = "INACTIVE: wrapt is not installed (pip install wrapt, or use the bundle)"
-    elif vllm_version is None:
-        active = f"loaded (via {' and '.join(via)}), idle: vLLM is not installed here"
-    else:
-        active = f"arms when vLLM is imported (via {' and '.join(via)})"
+    active, reason = _arms(cfg, shim, plugin, wrapt, vllm_version)
     return {
         "kimi_hotfix": {
             "version": __version__,
             "path": os.path.dirname(os.path.abspath(__file__)),
         },
-        "active": active,
+        "active": active,  # the gate: False makes ``status`` exit 3
+        "active_reason": reason,
         "python": python,
         "vllm": {"installed": vllm_version is not None, "version": vllm_version,
                  "distribution": vllm_dist},
@@ -226,7 +246,7 @@ def print_status(report, out=None):
     opt = f"optimize {py['optimize']}" + (f" ({py['optimize_flag']})" if py["optimize"] else "")
     popt = py["PYTHONOPTIMIZE"]
     w(f"kimi-hotfix {report['kimi_hotfix']['version']} status ({report['kimi_hotfix']['path']})\n")
-    w(f"  active     {report['active']}\n")
+    w(f"  active     {report['active_reason']}\n")
     w(f"  python     {py['version']} {py['executable']}, {opt}, "
       f"PYTHONOPTIMIZE={popt if popt is not None else 'unset'}\n")
     w(f"  flags      -S {_onoff(py['no_site'])}   -I {_onoff(py['isolated'])}   "

@@ -131,13 +131,17 @@ def test_installed_status_command(release, installed):
     assert status["plugin"]["installed"] is True and status["plugin"]["loads"] is True
     assert status["shim"]["sitecustomize_loaded"] is False
     assert status["vllm"]["version"] == "0.29.0"
-    assert status["active"].startswith("arms when vLLM is imported") and "vLLM plugin" in status["active"]
+    assert status["active"] is True and proc.returncode == 0
+    assert status["active_reason"].startswith("arms when vLLM is imported")
+    assert "vLLM plugin" in status["active_reason"]
     # VLLM_PLUGINS without our name: status says the plugin will not load
     proc = run_python(["-m", "kimi_hotfix", "status", "--json"], python=python,
-                      env=hermetic_env(shim=False, VLLM_PLUGINS="someone_else"), cwd=python_cwd(python))
+                      env=hermetic_env(shim=False, VLLM_PLUGINS="someone_else"), cwd=python_cwd(python),
+                      check=False)
     status = json.loads(proc.stdout)
     assert status["plugin"]["loads"] is False and "VLLM_PLUGINS" in status["plugin"]["why"]
-    assert status["active"].startswith("INACTIVE")
+    assert proc.returncode == 3 and status["active"] is False  # the gate
+    assert status["active_reason"].startswith("INACTIVE")
     # the console script
     script = Path(python).parent / "kimi-hotfix"
     proc = run_python(["status"], python=str(script), env=hermetic_env(shim=False),

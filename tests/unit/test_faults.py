@@ -60,12 +60,15 @@ def test_shim_cannot_load_and_status_says_why(flag):
     assert out["repo_on_path"] is (flag == "-S")  # -S keeps PYTHONPATH, skips site
     # status, in an interpreter started the same way
     if flag == "-S":
-        proc = run_python(["-m", "kimi_hotfix", "status", "--json"], flags=[flag], env=env)
+        proc = run_python(["-m", "kimi_hotfix", "status", "--json"], flags=[flag], env=env,
+                          check=False)
     elif flag == "-E":  # -m still puts the working directory first on sys.path
-        proc = run_python(["-m", "kimi_hotfix", "status", "--json"], flags=[flag], env=env, cwd=REPO)
+        proc = run_python(["-m", "kimi_hotfix", "status", "--json"], flags=[flag], env=env, cwd=REPO,
+                          check=False)
     else:  # -I ignores PYTHONPATH and the working directory
-        proc = run_python(["-c", STATUS_VIA_API], flags=[flag], env=env)
+        proc = run_python(["-c", STATUS_VIA_API], flags=[flag], env=env, check=False)
     status = json.loads(proc.stdout)
+    assert proc.returncode == 3 and status["active"] is False  # the gate: it would not arm
     shim, python = status["shim"], status["python"]
     assert shim["sitecustomize_loaded"] is False
     if flag == "-S":
@@ -75,12 +78,13 @@ def test_shim_cannot_load_and_status_says_why(flag):
         assert python["ignore_environment"] is True
         assert python["isolated"] is (flag == "-I")
         assert "PYTHONPATH is ignored" in shim["why"]
-    assert status["active"].startswith("INACTIVE"), status["active"]
+    assert status["active_reason"].startswith("INACTIVE"), status["active_reason"]
     assert any(note.startswith(flag + ":") for note in python["notes"]), python["notes"]
     # the human-readable status says the same
     text_args = {"-S": ["-m", "kimi_hotfix", "status"], "-E": ["-m", "kimi_hotfix", "status"],
                  "-I": ["-c", STATUS_VIA_API.replace(", '--json'", "")]}[flag]
-    text = run_python(text_args, flags=[flag], env=env, cwd=REPO if flag == "-E" else None).stdout
+    text = run_python(text_args, flags=[flag], env=env, cwd=REPO if flag == "-E" else None,
+                      check=False).stdout
     assert shim["why"] in text
 
 
@@ -107,10 +111,13 @@ def test_wrapt_missing_one_warning_shim_inactive_host_runs(no_wrapt_python):
     assert len(warnings) == 1 and "wrapt is not installed" in warnings[0], proc.stderr
     assert final_summary(proc.stderr).endswith(
         " | ".join(f"{p}: failed: wrapt is not installed" for p in PATCHES))
-    status = json.loads(run_python(["-m", "kimi_hotfix", "status", "--json"],
-                                   python=no_wrapt_python, env=env).stdout)
+    proc = run_python(["-m", "kimi_hotfix", "status", "--json"], python=no_wrapt_python, env=env,
+                      check=False)
+    status = json.loads(proc.stdout)
     assert status["wrapt"]["installed"] is False
-    assert status["active"].startswith("INACTIVE: wrapt is not installed"), status["active"]
+    assert proc.returncode == 3 and status["active"] is False
+    assert status["active_reason"].startswith("INACTIVE: wrapt is not installed"), status
+
     strict = dict(env, KIMI_HOTFIX_STRICT="1")
     proc = run_python(["-c", "import vllm\nprint('not reached')\n"], python=no_wrapt_python,
                       env=strict, check=False)
@@ -145,8 +152,10 @@ def test_vllm_missing_is_a_silent_no_op(tmp_path, interpreter):
     assert outs[:4] == ["hello\n", "None\n", "no vllm here\n", "[]\n"]
     bare = run_python(ORDINARY[4], python=python, env=hermetic_env(shim=False))
     assert outs[4] == bare.stdout
-    status = json.loads(run_python(["-m", "kimi_hotfix", "status", "--json"], python=python).stdout)
+    proc = run_python(["-m", "kimi_hotfix", "status", "--json"], python=python, check=False)
+    status = json.loads(proc.stdout)
     assert status["vllm"]["installed"] is False and status["shim"]["sitecustomize_loaded"] is True
+    assert proc.returncode == 3 and status["active"] is False  # loaded, but nothing to arm on
 
 
 # -- a target symbol missing or renamed (stand-in vLLM) ------------------------------
@@ -232,8 +241,13 @@ def test_garbage_in_each_variable(var, kind):
     value = GARBAGE.get(kind, "" if kind == "empty" else "   ")
     proc = run_python(["-c", ARM_ONLY], env=_env_with(var, value))
     out = json_lines(proc.stdout)[0]
-    assert {k: out[k] for k in DEFAULTS} == DEFAULTS  # defaults kept
-    assert set(out["states"].values()) == {"pending"}  # armed, nothing disabled
+    closed = var == "KIMI_HOTFIX" and kind not in ("empty", "blank")  # the switch fails closed
+    assert {k: out[k] for k in DEFAULTS} == dict(DEFAULTS, enabled=not closed)  # defaults kept
+    if closed:  # every patch off, the value named as the process saw it
+        shown = os.fsdecode(value) if isinstance(value, bytes) else value
+        assert set(out["states"].values()) == {f"disabled (KIMI_HOTFIX={shown})"}
+    else:
+        assert set(out["states"].values()) == {"pending"}  # armed, nothing disabled
     warnings = warning_lines(proc.stderr)
     if kind in ("empty", "blank"):  # unset in effect: no warning
         assert warnings == [] and out["n_warnings"] == 0, proc.stderr

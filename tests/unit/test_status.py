@@ -38,8 +38,15 @@ def patch_names():
 
 
 def status(flags=(), env=None, args=("--json",), python=None):
-    proc = run_python([PACKAGE_DIR, "status", *args], flags=flags, env=env, python=python)
-    return json.loads(proc.stdout) if "--json" in args else proc.stdout
+    """status's report (or text); its exit status is the gate: 0 where it arms, else 3."""
+    proc = run_python([PACKAGE_DIR, "status", *args], flags=flags, env=env, python=python,
+                      check=False)
+    if "--json" not in args:
+        assert proc.returncode in (0, 3), proc.stderr
+        return proc.stdout
+    report = json.loads(proc.stdout)
+    assert proc.returncode == (0 if report["active"] is True else 3), (proc.returncode, report)
+    return report
 
 
 def test_status_imports_no_vllm_torch_wrapt():
@@ -51,8 +58,8 @@ def test_status_imports_no_vllm_torch_wrapt():
     )
     proc = run_python(["-X", "importtime", "-c", code], env=hermetic_env())
     result = json_lines(proc.stdout)[0]
-    assert result["rc"] == 0
-    assert "kimi_hotfix_sitecustomize" in result["modules"]  # the shim is active here
+    assert result["rc"] == 3  # no vLLM here: the shim would not arm
+    assert "kimi_hotfix_sitecustomize" in result["modules"]  # the bootstrap ran here
     assert "kimi_hotfix.cli" in result["modules"]
     assert [m for m in result["modules"] if m.split(".")[0] in HEAVY] == []
     # -X importtime: "import time: self [us] | cumulative | name", one per import.
@@ -64,7 +71,7 @@ def test_status_imports_no_vllm_torch_wrapt():
     assert total_us < 1_000_000, f"status imports took {total_us} us"
     # The module entry point itself (python -m), under importtime too.
     proc = run_python(["-X", "importtime", "-m", "kimi_hotfix", "status"], env=hermetic_env(),
-                      cwd=REPO)
+                      cwd=REPO, check=False)
     imported = [line.split("|")[2].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:") and "|" in line]
     assert "kimi_hotfix.__main__" in imported or "kimi_hotfix.cli" in imported
@@ -111,21 +118,28 @@ def test_status_toggles_and_their_warnings():
     assert len(toggles["warnings"]) == 5  # each variable, and disabled+forced
     for variable in ("KIMI_HOTFIX=", "KIMI_HOTFIX_DISABLE", "KIMI_HOTFIX_STRICT", "KIMI_HOTFIX_LOG_LEVEL"):
         assert any(variable in w for w in toggles["warnings"]), variable
-    assert toggles["enabled"] is True and toggles["strict"] is False
+    # an unknown master switch fails closed: off, every patch disabled, status exits 3
+    assert toggles["enabled"] is False and toggles["strict"] is False
+    assert report["active"] is False and report["active_reason"].startswith("OFF")
+    assert {p["decision"] for p in report["patches"]} == {"disabled (KIMI_HOTFIX=maybe)"}
     assert toggles["disabled"] == ["kv_spec_merge"] and toggles["forced"] == ["capture_workspace"]
     assert toggles["set"] == garbage
+    text = status(env=hermetic_env(**garbage), args=())
+    warning_lines = [line for line in text.splitlines() if line.startswith("  WARNING")]
+    assert len(warning_lines) == 5 and "'nonsense'" in text and "'loud'" in text
+    # the lists, with the switch on
+    del garbage["KIMI_HOTFIX"]
+    report = status(env=hermetic_env(**garbage))
     decisions = {p["name"]: p["decision"] for p in report["patches"]}
     kinds = {p["name"]: p["kind"] for p in report["patches"]}
     assert kinds == {**dict.fromkeys(patch_names(), "pending"), "kv_spec_merge": "disabled"}
     assert decisions["kv_spec_merge"] == "disabled (KIMI_HOTFIX_DISABLE)"
     assert decisions["capture_workspace"].startswith("forced (KIMI_HOTFIX_FORCE)")
     assert decisions["kda_overlong_rows"].startswith("decided when vLLM imports")
-    text = status(env=hermetic_env(**garbage), args=())
-    warning_lines = [line for line in text.splitlines() if line.startswith("  WARNING")]
-    assert len(warning_lines) == 5 and "'nonsense'" in text and "'loud'" in text
     # The master switch off: every patch disabled, and status says the shim is off.
     report = status(env=hermetic_env(KIMI_HOTFIX="off"))
-    assert report["toggles"]["warnings"] == [] and report["active"].startswith("OFF")
+    assert report["toggles"]["warnings"] == [] and report["active"] is False
+    assert report["active_reason"].startswith("OFF")
     assert {p["decision"] for p in report["patches"]} == {"disabled (KIMI_HOTFIX=off)"}
     assert {p["kind"] for p in report["patches"]} == {"disabled"}
 
@@ -144,11 +158,12 @@ def test_status_sees_the_shim_and_the_chained_sitecustomize(tmp_path):
     assert f"chained    {container / 'sitecustomize.py'}" in text
     # The repository as the working directory is not enough: site.py runs first.
     proc = run_python(["-m", "kimi_hotfix", "status", "--json"], env=hermetic_env(shim=False),
-                      cwd=REPO)
+                      cwd=REPO, check=False)
     report = json.loads(proc.stdout)
     assert report["shim"]["sitecustomize_loaded"] is False
     assert "not on PYTHONPATH" in report["shim"]["why"]
-    assert report["active"].startswith("INACTIVE")
+    assert proc.returncode == 3 and report["active"] is False
+    assert report["active_reason"].startswith("INACTIVE")
 
 
 @pytest.mark.parametrize("flag", ["-S", "-I", "-E"])
@@ -159,7 +174,7 @@ def test_status_explains_why_the_shim_cannot_load(flag):
     assert py["isolated"] is (flag == "-I")
     assert py["ignore_environment"] is (flag in ("-I", "-E"))
     assert report["shim"]["sitecustomize_loaded"] is False
-    assert report["active"].startswith("INACTIVE")
+    assert report["active"] is False and report["active_reason"].startswith("INACTIVE")
     notes = " ".join(py["notes"])
     if flag == "-S":
         assert "no sitecustomize runs" in notes and "-S" in report["shim"]["why"]
