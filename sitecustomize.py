@@ -16,8 +16,10 @@ LOADED_FROM = __file__
 CHAINED = []  # origins of the sitecustomize modules chained from here
 ARMED = False
 SEARCHING = False
-# kimi_hotfix.messages.INACTIVE: the one line logged when the package cannot load
+# kimi_hotfix.messages.INACTIVE and FORMAT: the one line logged when the package
+# cannot load, with the prefix every line of the shim has
 INACTIVE = "kimi-hotfix inactive: cannot load kimi_hotfix.core (%s); vLLM runs unpatched"
+FORMAT = "%(asctime)s kimi-hotfix[%(process)d] %(levelname)s %(message)s"
 
 
 class VllmImportTrigger:
@@ -76,14 +78,26 @@ def fire():
     try:
         from kimi_hotfix import core
     except Exception as exc:  # a broken install must not break vLLM's import...
-        import logging
-        import os
-
-        logging.getLogger("kimi_hotfix").warning(INACTIVE, repr(exc))
-        if os.environ.get("KIMI_HOTFIX_STRICT", "").strip().lower() in ("1", "on", "true", "yes"):
+        if inactive(exc):
             raise  # ...unless strict mode asks for a hard failure
         return
     core.arm("sitecustomize")  # contains its own failures; strict mode raises
+
+
+def inactive(exc):
+    """Log INACTIVE as kimi_hotfix.messages would (FORMAT, stderr, the level
+    KIMI_HOTFIX_LOG_LEVEL allows), without it: it may be what is broken.
+    Returns True in strict mode (the caller raises)."""
+    import logging
+    import os
+
+    level = os.environ.get("KIMI_HOTFIX_LOG_LEVEL", "").strip().upper()
+    if level not in ("ERROR", "CRITICAL"):
+        log = logging.getLogger("kimi_hotfix")
+        record = log.makeRecord(log.name, logging.WARNING, __file__, 0, INACTIVE, (repr(exc),), None)
+        sys.stderr.write(logging.Formatter(FORMAT).format(record) + "\n")
+        sys.stderr.flush()
+    return os.environ.get("KIMI_HOTFIX_STRICT", "").strip().lower() in ("1", "on", "true", "yes")
 
 
 def retire():
