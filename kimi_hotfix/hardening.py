@@ -139,7 +139,7 @@ class OnFirstCall:
         return first_call_wrapper
 
 
-_INSTANCES: "weakref.WeakSet[OnFirstCall]" = weakref.WeakSet()
+_INSTANCES: weakref.WeakSet[OnFirstCall] = weakref.WeakSet()
 
 
 def _after_fork_in_child():

@@ -78,10 +78,10 @@ def lock_sites() -> set:
     for path in PACKAGE.rglob("*.py"):
         module = ".".join(path.relative_to(REPO).with_suffix("").parts)
 
-        def visit(node, owner):
+        def visit(node, owner, module=module):
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.ClassDef):
-                    visit(child, child.name)
+                    visit(child, child.name, module)
                     continue
                 if (isinstance(child, ast.Assign) and isinstance(child.value, ast.Call)
                         and ast.unparse(child.value.func).split(".")[-1] in LOCK_TYPES):
@@ -91,7 +91,7 @@ def lock_sites() -> set:
                         elif isinstance(target, ast.Attribute):
                             found.add(f"{module}.{owner}.{target.attr}" if owner else
                                       f"{module}.{ast.unparse(target)}")
-                visit(child, owner)
+                visit(child, owner, module)
 
         visit(ast.parse(path.read_text()), None)
     return found
