@@ -9,7 +9,8 @@ audit   A static scan of the installed vLLM's source for code that steers by
         AssertionError, classified from a reviewed table (kimi_hotfix.audit).
 
 Exit status: 0 fine; 1 (check) a needed patch does not fix its probe, or the
-shim's own decision disagrees with the probe, or a probe could not run; 2 usage
+shim's own decision disagrees with the probe, or a probe could not run; 1
+(status) the shim's own files cannot load (``broken`` in the report); 2 usage
 errors, and ``check`` where vLLM is not installed (nothing can be checked).
 """
 
@@ -35,7 +36,8 @@ def build_parser():
     parser = _Parser(
         prog="python -m kimi_hotfix",
         description="kimi-hotfix operator commands.",
-        epilog="exit status: 0 fine, 1 check failed, 2 usage error or vLLM missing (check)",
+        epilog="exit status: 0 fine, 1 check failed or (status) the shim's files are broken, "
+               "2 usage error or vLLM missing (check)",
     )
     parser.add_argument("--version", action="version", version=f"kimi-hotfix {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{status,check,audit}")
@@ -78,7 +80,7 @@ def _run(args) -> int:
             print(json.dumps(report, indent=1, default=str))
         else:
             status.print_status(report)
-        return 0
+        return report["exit_status"]
     if versions.find_spec("vllm") is None:
         # Not a check failure (1): there is nothing to check with this interpreter.
         message = (

@@ -52,6 +52,12 @@ ARMING_FAILED = Message(
     "kimi-hotfix: arming failed (<error>); vLLM runs unpatched",
     "the shim could not register its hooks; every pending patch reads `failed`",
     "report it with the traceback that follows the line")
+LOAD_FAILED = Message(
+    logging.WARNING, "kimi-hotfix: %s: %s; vLLM unchanged",
+    "kimi-hotfix: <patch>: cannot load kimi_hotfix.patches.<patch> (<error>); vLLM unchanged",
+    "this patch's own file (or a shim file it imports) is missing or broken in this image; "
+    "the patch reads `failed`, the others work",
+    "reinstall or remount the shim; `python -m kimi_hotfix status` names the file")
 HOOK_FAILED = Message(
     logging.WARNING, "kimi-hotfix: %s: its import hook failed (%s); vLLM unchanged",
     "kimi-hotfix: <patch>: its import hook failed (<error>); vLLM unchanged",
@@ -116,8 +122,8 @@ CONFIG_LEVEL = Message(
     "KIMI_HOTFIX_LOG_LEVEL=<value> is not a level; valid values: ...; using INFO",
     "the log level cannot be parsed", "fix the variable")
 
-CATALOG = (SUMMARY, INACTIVE, WRAPT_MISSING, ARMING_FAILED, HOOK_FAILED, UNSURE_APPLIED,
-           UNSURE_FAILED, APPLY_FAILED, WRAPPER_FAILED, UNDO_INCOMPLETE, FORK_INTERRUPTED,
+CATALOG = (SUMMARY, INACTIVE, WRAPT_MISSING, ARMING_FAILED, LOAD_FAILED, HOOK_FAILED,
+           UNSURE_APPLIED, UNSURE_FAILED, APPLY_FAILED, WRAPPER_FAILED, UNDO_INCOMPLETE, FORK_INTERRUPTED,
            METRICS_FAILED, CONFIG_FLAG, CONFIG_NAMES, CONFIG_BOTH, CONFIG_LEVEL)
 
 

@@ -108,9 +108,12 @@ def note_armed_by(source: str) -> None:
 
 
 def fail_pending(reason: str) -> list:
-    """Every pending patch becomes ``failed: reason``; returns their names."""
+    """Every pending patch (one with no state yet included) becomes ``failed:
+    reason``; returns their names."""
+    every = registry.names()  # outside the lock: it may import the patch modules
     with _lock:
-        names = [n for n, s in _states.items() if s.kind == Kind.PENDING]
+        names = [n for n in dict.fromkeys([*every, *_states])
+                 if _states.get(n, State(Kind.PENDING)).kind == Kind.PENDING]
         for name in names:
             _states[name] = State(Kind.FAILED, reason)
         return names
