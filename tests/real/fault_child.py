@@ -261,6 +261,10 @@ def run_case(config, case, master):
     result.update(stderr=read(base + ".err"), stdout=read(base + ".out"), seconds=seconds,
                   exit=os.waitstatus_to_exitcode(status))
     shutil.rmtree(tree, ignore_errors=True)
+    for suffix in (".err", ".out", ".json", ".site.log", ".status.out", ".status.err",
+                   ".status.json"):
+        if os.path.exists(base + suffix):
+            os.unlink(base + suffix)
     return result
 
 

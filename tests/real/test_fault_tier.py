@@ -21,7 +21,9 @@ docs/fault-matrix.md's generated table is rendered from these results
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,8 +45,13 @@ _masters: dict = {}
 
 
 def workdir() -> Path:
-    root = os.environ.get("KIMI_HOTFIX_TEST_CACHE") or tempfile.gettempdir()
-    return Path(tempfile.mkdtemp(prefix="fault-tier-", dir=root))
+    """A new directory under the session's cache (scripts/test removes it),
+    else under the temporary directory, removed when this process exits."""
+    root = os.environ.get("KIMI_HOTFIX_TEST_CACHE")
+    path = Path(tempfile.mkdtemp(prefix="fault-tier-", dir=root or None))
+    if not root:
+        atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def masters(release: str) -> dict:
