@@ -14,10 +14,13 @@ import sys
 ALIAS = "kimi_hotfix_sitecustomize"  # where status finds this module
 LOADED_FROM = __file__
 CHAINED = []  # origins of the sitecustomize modules chained from here
+COPIES = []  # origins of other copies of this bootstrap found on the way, not run as theirs
 ARMED = False
 SEARCHING = False
-# kimi_hotfix.messages.INACTIVE: the one line logged when the package cannot load
+# kimi_hotfix.messages.INACTIVE and FORMAT: the one line logged when the package
+# cannot load, with the prefix every line of the shim has
 INACTIVE = "kimi-hotfix inactive: cannot load kimi_hotfix.core (%s); vLLM runs unpatched"
+FORMAT = "%(asctime)s kimi-hotfix[%(process)d] %(levelname)s %(message)s"
 
 
 class VllmImportTrigger:
@@ -76,14 +79,26 @@ def fire():
     try:
         from kimi_hotfix import core
     except Exception as exc:  # a broken install must not break vLLM's import...
-        import logging
-        import os
-
-        logging.getLogger("kimi_hotfix").warning(INACTIVE, repr(exc))
-        if os.environ.get("KIMI_HOTFIX_STRICT", "").strip().lower() in ("1", "on", "true", "yes"):
+        if inactive(exc):
             raise  # ...unless strict mode asks for a hard failure
         return
     core.arm("sitecustomize")  # contains its own failures; strict mode raises
+
+
+def inactive(exc):
+    """Log INACTIVE as kimi_hotfix.messages would (FORMAT, stderr, the level
+    KIMI_HOTFIX_LOG_LEVEL allows), without it: it may be what is broken.
+    Returns True in strict mode (the caller raises)."""
+    import logging
+    import os
+
+    level = os.environ.get("KIMI_HOTFIX_LOG_LEVEL", "").strip().upper()
+    if level not in ("ERROR", "CRITICAL"):
+        log = logging.getLogger("kimi_hotfix")
+        record = log.makeRecord(log.name, logging.WARNING, __file__, 0, INACTIVE, (repr(exc),), None)
+        sys.stderr.write(logging.Formatter(FORMAT).format(record) + "\n")
+        sys.stderr.flush()
+    return os.environ.get("KIMI_HOTFIX_STRICT", "").strip().lower() in ("1", "on", "true", "yes")
 
 
 def retire():
@@ -98,6 +113,12 @@ def retire():
 
 
 def chain():
+    """Run the container's own sitecustomize: the next one on sys.path after
+    this directory that is not a copy of this bootstrap. A copy (the same file
+    through a symlink, the bundle beside a checkout) is known by what it is,
+    not where it is: run with ALIAS taken it does nothing and registers
+    nothing (the guard at the end of this file), and it carries ALIAS; then
+    the search goes on past it."""
     import os
 
     external = sys.modules.get("_frozen_importlib_external")  # no importlib.util:
@@ -108,17 +129,23 @@ def chain():
     here = os.path.dirname(os.path.abspath(__file__))
     entries = [os.path.abspath(e or os.curdir) for e in sys.path]
     rest = entries[entries.index(here) + 1 :] if here in entries else entries
-    spec = external.PathFinder.find_spec("sitecustomize", [e for e in rest if e != here])
-    if spec is None or spec.loader is None:
+    for entry in dict.fromkeys(e for e in rest if e != here):
+        spec = external.PathFinder.find_spec("sitecustomize", [entry])
+        if spec is None or spec.loader is None:
+            continue
+        module = bootstrap.module_from_spec(spec)
+        sys.modules["sitecustomize"] = module  # ``import sitecustomize`` names theirs
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules["sitecustomize"] = sys.modules[ALIAS]
+            raise  # site.py reports it exactly as it would without us
+        if getattr(module, "ALIAS", None) == ALIAS and sys.modules[ALIAS] is not module:
+            sys.modules["sitecustomize"] = sys.modules[ALIAS]
+            COPIES.append(spec.origin)  # another copy of this bootstrap: not the container's
+            continue
+        CHAINED.append(spec.origin)
         return
-    CHAINED.append(spec.origin)
-    module = bootstrap.module_from_spec(spec)
-    sys.modules["sitecustomize"] = module  # ``import sitecustomize`` names theirs
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules["sitecustomize"] = sys.modules[ALIAS]
-        raise  # site.py reports it exactly as it would without us
 
 
 if ALIAS not in sys.modules:  # a second run of this file changes nothing

@@ -16,6 +16,11 @@ container's own wrapt; scripts/bundle checks the private copy for that.)
 
 ``load()`` imports and returns the wrapt to use (ImportError when there is
 none); ``find()`` says which one ``load()`` would use, importing nothing.
+
+wrapt's post-import hooks share one lock (``wrapt.importer``), taken by its
+finder on every import once a hook is registered (and, in wrapt 1.x, held
+while the hooks run). A process forked while another thread held it would
+block forever on its next import: ``after_fork_in_child()`` resets it there.
 Stdlib only; imported when vLLM is imported (or by ``status``), never at
 interpreter start-up.
 """
@@ -96,3 +101,20 @@ def load():
     neither; a private copy that is there but broken raises (never a silent
     switch to a different wrapt than ``find()`` reports)."""
     return importlib.import_module(VENDORED if _vendored_dir() is not None else "wrapt")
+
+
+def after_fork_in_child() -> None:
+    """A forked child: the post-import hook lock of each wrapt loaded here, if
+    a thread the child does not have held it, is reset (in place: wrapt 1.x's
+    decorators hold the lock object itself). Not when this thread holds it."""
+    import sys
+
+    for name in (VENDORED, "wrapt"):
+        lock = getattr(sys.modules.get(name + ".importer"), "_post_import_hooks_lock", None)
+        reinit = getattr(lock, "_at_fork_reinit", None)
+        if reinit is None or not hasattr(lock, "acquire"):
+            continue
+        if lock.acquire(blocking=False):  # free, or held by this very thread (an RLock)
+            lock.release()
+            continue
+        reinit()

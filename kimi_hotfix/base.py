@@ -61,6 +61,23 @@ class PatchError(Exception):
     """A patch cannot apply to the installed vLLM; the message says why."""
 
 
+def describe(exc: BaseException) -> str:
+    """``Type: message`` for a state or a log line. A SyntaxError names its
+    whole file (its own text gives the base name only, ``__init__.py``); an
+    exception whose text names no file gets the last place it was raised from."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    text = f"{type(exc).__name__}: {exc}"
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None and not isinstance(exc, ImportError):
+        where = tb.tb_frame.f_code.co_filename
+        if where not in text and not where.startswith("<"):
+            text += f" (at {where}, line {tb.tb_lineno})"
+    return text
+
+
 _TEXT = {Kind.NOT_NEEDED: "not needed: upstream fixed", Kind.NOT_AFFECTED: "not affected",
          Kind.NOT_LOADED: "not loaded"}
 

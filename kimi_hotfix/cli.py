@@ -29,7 +29,7 @@ EXIT_CODES = (
     (OK, {"status": "arms when vLLM is imported",
           "check": "fine, and the shim arms here (or nothing needs it)",
           "audit": "all reviewed"}),
-    (FAILED, {"status": "",
+    (FAILED, {"status": "the shim's own files cannot load (`BROKEN` lines, `\"broken\"`)",
               "check": "a patch does not fix or disagrees with its probe, or a probe could "
                        "not run",
               "audit": "some not reviewed"}),
@@ -125,6 +125,8 @@ def _run(args) -> int:
             print(json.dumps(report, indent=1, default=str))
         else:
             status.print_status(report)
+        if report["broken"]:
+            return FAILED
         return OK if report["active"] is True else UNARMED
     if versions.find_spec("vllm") is None:
         # Not a check failure (1): there is nothing to check with this interpreter.

@@ -25,7 +25,7 @@ from typing import Optional
 
 from kimi_hotfix import __version__, _wrapt, importwatch, messages, registry, state, wrapping
 from kimi_hotfix import config as _config_mod
-from kimi_hotfix.base import Decision, KimiHotfixError, Kind, PatchError, State, Verdict
+from kimi_hotfix.base import Decision, KimiHotfixError, Kind, PatchError, State, Verdict, describe
 from kimi_hotfix.base import cannot_tell as _cannot_tell
 from kimi_hotfix.wrapping import MARKER, is_wrapped  # noqa: F401 (the public surface)
 
@@ -46,11 +46,15 @@ def _strict() -> bool:
 
 
 def initial_state(name: str, cfg) -> State:
-    """The state arming gives ``name`` before its module loads (status shows it too)."""
+    """The state arming gives ``name`` before its module loads (status shows it
+    too): ``failed`` where the patch's own module cannot be loaded."""
     if not cfg.enabled:
         return State(Kind.DISABLED, f"KIMI_HOTFIX={os.environ.get('KIMI_HOTFIX')}")
     if name in cfg.disabled:
         return State(Kind.DISABLED, "KIMI_HOTFIX_DISABLE")
+    broken = registry.unloadable().get(name)
+    if broken is not None:
+        return State(Kind.FAILED, broken.why)
     return State(Kind.PENDING)
 
 
@@ -69,6 +73,9 @@ def arm(source: str = "api") -> dict:
             raise
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
+            if state.config() is None:  # failed before configuring: states must still say so
+                state.configure(_config_mod.Config(), {})
+            messages.setup(state.config().log_level)  # the line carries the usual prefix
             state.fail_pending(f"arming failed: {why}")
             messages.emit(messages.ARMING_FAILED, why, exc_info=True)
             if _strict():
@@ -86,10 +93,16 @@ def _arm(source: str) -> None:
     messages.setup(cfg.log_level)
     for message, args in cfg.warnings:
         messages.emit(message, *args)
+    broken = [name for name, s in states().items()
+              if s.kind == Kind.FAILED and name in registry.unloadable()]
+    for name in broken:
+        messages.emit(messages.LOAD_FAILED, name, registry.get(name).why)
     atexit.register(state.at_exit)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=state.after_fork_in_child)
     pending = [n for n, s in states().items() if s.kind == Kind.PENDING]
+    if broken and cfg.strict:
+        raise KimiHotfixError("; ".join(f"{n}: {registry.get(n).why}" for n in broken))
     if not pending:
         return
     try:
@@ -112,19 +125,28 @@ def _arm(source: str) -> None:
             wrapt.register_post_import_hook(_hook(name), target)
 
 
+_metrics_tried = False
+
+
 def _install_metrics() -> None:
     """The states on vLLM's /metrics (kimi_hotfix.metrics): post-import hooks on
     prometheus_client and, after the patches' own hooks, on their targets.
     Imports neither; not under KIMI_HOTFIX=0; once per process."""
+    global _metrics_tried
     cfg = state.config()
-    if cfg is None or not cfg.enabled:
+    if cfg is None or not cfg.enabled or _metrics_tried:
         return
+    _metrics_tried = True  # a later arm() (the plugin after the bootstrap) tries nothing again
     try:
         from kimi_hotfix import metrics
 
-        metrics.install(states, __version__, [registry.get(n).target for n in registry.names()])
-    except Exception:  # the exporter never takes the patches down with it
-        messages.emit(messages.METRICS_FAILED, "installing the exporter failed", exc_info=True)
+        metrics.install(states, __version__, [p.target for p in registry.patches().values()
+                                              if p.target])
+    except Exception as exc:  # the exporter never takes the patches down with it...
+        why = f"installing the exporter failed ({describe(exc)})"
+        messages.emit(messages.METRICS_FAILED, why, exc_info=True)
+        if cfg.strict:  # ...but a canary in strict mode learns that the shim is broken
+            raise KimiHotfixError(f"metrics: {why}") from exc
 
 
 def _hook(name: str):

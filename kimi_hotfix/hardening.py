@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import threading
+import weakref
 
 from kimi_hotfix import recompile
 from kimi_hotfix.base import PatchError
@@ -101,11 +103,20 @@ class OnFirstCall:
     of them (one parse of their module), once per process. ``funcs`` are the
     undecorated functions (for methods, the functions in the class
     ``__dict__``); ``ctx`` is the patch's context (its ``failed`` reports a
-    recompile that fails on that first call)."""
+    recompile that fails on that first call).
+
+    The lock is held across that recompile. A process forked meanwhile by
+    another thread would inherit it held by a thread it does not have: every
+    instance gets a new lock in a forked child (``os.register_at_fork``), where
+    nothing is built yet, so the child's own first call builds its own."""
 
     def __init__(self, ctx, funcs, instead="vLLM's own function runs (its asserts stripped by -O)"):
         self.ctx, self.name, self.funcs, self.instead = ctx, ctx.name, list(funcs), instead
         self.impls = None  # {func: hardened or None}, built on the first call
+        self._lock = threading.RLock()
+        _INSTANCES.add(self)
+
+    def _after_fork_in_child(self):
         self._lock = threading.RLock()
 
     def impl(self, func):
@@ -140,6 +151,18 @@ class OnFirstCall:
 
         first_call_wrapper.__qualname__ = f"kimi_hotfix.{self.name}[{func.__qualname__}]"
         return first_call_wrapper
+
+
+_INSTANCES: weakref.WeakSet[OnFirstCall] = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for instance in list(_INSTANCES):
+        instance._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def require(owner, attr):

@@ -40,18 +40,24 @@ INACTIVE = Message(
     logging.WARNING, "kimi-hotfix inactive: cannot load kimi_hotfix.core (%s); vLLM runs unpatched",
     "kimi-hotfix inactive: cannot load kimi_hotfix.core (<error>); vLLM runs unpatched",
     "the shim's own files are broken or incomplete in this image",
-    "reinstall or remount the shim; `python -m kimi_hotfix status`")
+    "reinstall or remount the shim; run `status`")
 WRAPT_MISSING = Message(
     logging.WARNING,
     "wrapt is not installed: kimi-hotfix is inactive (pip install wrapt, or use the drop-in bundle)",
     "wrapt is not installed: kimi-hotfix is inactive (...)",
     "the image has no wrapt; every patch reads `failed: wrapt is not installed`",
-    "use the bundle (it carries a private wrapt), or `pip install wrapt`")
+    "use the bundle (private wrapt) or `pip install wrapt`")
 ARMING_FAILED = Message(
     logging.WARNING, "kimi-hotfix: arming failed (%s); vLLM runs unpatched",
     "kimi-hotfix: arming failed (<error>); vLLM runs unpatched",
     "the shim could not register its hooks; every pending patch reads `failed`",
     "report it with the traceback that follows the line")
+LOAD_FAILED = Message(
+    logging.WARNING, "kimi-hotfix: %s: %s; vLLM unchanged",
+    "kimi-hotfix: <patch>: cannot load kimi_hotfix.patches.<patch> (<error>); vLLM unchanged",
+    "this patch's file (or one it imports) is missing or broken; it reads `failed`, "
+    "the others work",
+    "reinstall or remount the shim; `status` names the file")
 HOOK_FAILED = Message(
     logging.WARNING, "kimi-hotfix: %s: its import hook failed (%s); vLLM unchanged",
     "kimi-hotfix: <patch>: its import hook failed (<error>); vLLM unchanged",
@@ -117,8 +123,8 @@ CONFIG_LEVEL = Message(
     "KIMI_HOTFIX_LOG_LEVEL=<value> is not a level; valid values: ...; using INFO",
     "the log level cannot be parsed", "fix the variable")
 
-CATALOG = (SUMMARY, INACTIVE, WRAPT_MISSING, ARMING_FAILED, HOOK_FAILED, UNSURE_APPLIED,
-           UNSURE_FAILED, APPLY_FAILED, WRAPPER_FAILED, UNDO_INCOMPLETE, FORK_INTERRUPTED,
+CATALOG = (SUMMARY, INACTIVE, WRAPT_MISSING, ARMING_FAILED, LOAD_FAILED, HOOK_FAILED,
+           UNSURE_APPLIED, UNSURE_FAILED, APPLY_FAILED, WRAPPER_FAILED, UNDO_INCOMPLETE, FORK_INTERRUPTED,
            METRICS_FAILED, CONFIG_FLAG, CONFIG_NAMES, CONFIG_BOTH, CONFIG_LEVEL)
 
 

@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
-from kimi_hotfix import __version__, messages, registry, versions, wrapping
+from kimi_hotfix import __version__, _wrapt, messages, registry, versions, wrapping
 from kimi_hotfix.base import KimiHotfixError, Kind, State
 
 _lock = threading.RLock()
@@ -32,6 +32,7 @@ _settling: dict = {}  # name -> Settling
 _armed_by: list = []
 _logged: Optional[str] = None  # the last summary line logged by this process
 _pid = None
+_silent = False  # a child forked only to exec another program logs nothing
 
 
 @dataclass
@@ -107,9 +108,12 @@ def note_armed_by(source: str) -> None:
 
 
 def fail_pending(reason: str) -> list:
-    """Every pending patch becomes ``failed: reason``; returns their names."""
+    """Every pending patch (one with no state yet included) becomes ``failed:
+    reason``; returns their names."""
+    every = registry.names()  # outside the lock: it may import the patch modules
     with _lock:
-        names = [n for n, s in _states.items() if s.kind == Kind.PENDING]
+        names = [n for n in dict.fromkeys([*every, *_states])
+                 if _states.get(n, State(Kind.PENDING)).kind == Kind.PENDING]
         for name in names:
             _states[name] = State(Kind.FAILED, reason)
         return names
@@ -218,7 +222,7 @@ def batch():
 def log_if_changed() -> None:
     """Log the summary line if this process has not logged it as it is now."""
     global _logged
-    if _config is None or getattr(_batch, "depth", 0):
+    if _config is None or getattr(_batch, "depth", 0) or _silent:
         return
     line = summary_line()
     with _lock:
@@ -242,12 +246,29 @@ def at_exit() -> None:
     log_if_changed()
 
 
+def forked_to_exec() -> bool:
+    """Is this fork ``subprocess``'s, for a ``preexec_fn`` before an exec? Such
+    a child runs the at-fork handlers (Python runs them when a preexec_fn is
+    given), then becomes another program: it must not log as a vLLM process."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_execute_child" and code.co_filename.endswith("subprocess.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def after_fork_in_child() -> None:
-    """A forked child: new locks; what another thread of the parent was
-    installing is rolled back here; the child logs its own line."""
-    global _lock, _logged
+    """A forked child: new locks (ours, and wrapt's hook lock where a thread
+    the child does not have held it); what another thread of the parent was
+    installing is rolled back here; the child logs its own line, unless it
+    was forked only to exec another program (``forked_to_exec``)."""
+    global _lock, _logged, _silent
     _lock = threading.RLock()
     wrapping.after_fork_in_child()
+    _wrapt.after_fork_in_child()
+    _silent = forked_to_exec()
     me = threading.get_ident()
     for name, token in list(_settling.items()):
         if token.thread == me:
@@ -256,6 +277,7 @@ def after_fork_in_child() -> None:
         wrapping.uninstall(token.records)
         _states[name] = State(Kind.FAILED, "was being applied by another thread when this "
                                            "process forked; rolled back here")
-        messages.emit(messages.FORK_INTERRUPTED, name)
+        if not _silent:
+            messages.emit(messages.FORK_INTERRUPTED, name)
     _logged = None
     log_if_changed()

@@ -13,7 +13,7 @@ import os
 import sys
 
 from kimi_hotfix import __version__, versions
-from kimi_hotfix.base import Kind, State
+from kimi_hotfix.base import Kind, State, describe
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "kimi_hotfix"
@@ -103,6 +103,7 @@ def _shim_info(python):
         "sitecustomize_loaded": site is not None,
         "loaded_from": getattr(site, "LOADED_FROM", None),
         "chained": list(getattr(site, "CHAINED", []) or []),
+        "copies": list(getattr(site, "COPIES", []) or []),  # other copies of the bootstrap, skipped
         "pythonpath_shim_dirs": shim_dirs,
         "sitecustomize_module": other_file,  # the module site.py imported last
     }
@@ -144,12 +145,17 @@ def _plugin_info():
     return info
 
 
-def _arms(cfg, shim, plugin, wrapt, vllm_version) -> tuple:
+def _arms(cfg, shim, plugin, wrapt, vllm_version, broken=()) -> tuple:
     """(whether the shim arms when vLLM is imported in a process started like
-    this interpreter, why): ``status``'s gate and ``check``'s deployment view."""
+    this interpreter, why): ``status``'s gate and ``check``'s deployment view.
+    ``broken``: the shim's own files that cannot load (``_broken``)."""
     via = (["sitecustomize"] if shim["sitecustomize_loaded"] else []) + (
         ["vLLM plugin"] if plugin["loads"] else []
     )
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        return False, (f"BROKEN: the shim's own files: {broken[0]['module']} cannot load "
+                       f"({broken[0]['error']}){more}; reinstall or remount the shim")
     if not cfg.enabled:
         return False, "OFF: KIMI_HOTFIX turns the shim off"
     if not via:
@@ -175,14 +181,67 @@ def deployment() -> dict:
     return {"active": active, "reason": reason, "enabled": cfg.enabled}
 
 
-def status_report() -> dict:
-    """Everything ``status`` prints. Imports no vLLM, torch or wrapt."""
-    from kimi_hotfix import config, core, registry
+def _broken(plugin_entry) -> list:
+    """The shim's own modules that a vLLM process loads and that do not load
+    here, loaded as the shim loads them (imports no vLLM): the core and what it
+    imports, the /metrics exporter, each patch module (and what it imports),
+    and the plugin's module where the plugin is installed.
+    [{"module", "error"}]; empty for a healthy install."""
+    import importlib
 
+    found = []
+    for name in ("kimi_hotfix.core", "kimi_hotfix.metrics"):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            found.append({"module": name, "error": describe(exc)})
+    registry = sys.modules.get("kimi_hotfix.registry")
+    if registry is not None:
+        found += [{"module": p.module, "error": p.error} for p in registry.unloadable().values()]
+    if plugin_entry is not None:
+        try:
+            plugin_entry.load()
+        except Exception as exc:
+            found.append({"module": plugin_entry.value, "error": describe(exc)})
+    bootstrap = _failed_bootstrap()
+    if bootstrap is not None:
+        found.insert(0, bootstrap)
+    return found
+
+
+def _failed_bootstrap():
+    """The shim's sitecustomize.py on PYTHONPATH where site.py ran, but neither
+    it nor any other sitecustomize loaded: it failed at start-up (site.py
+    printed "Error in sitecustomize"). None otherwise."""
+    flags = sys.flags
+    if ALIAS in sys.modules or "sitecustomize" in sys.modules or flags.no_site \
+            or flags.ignore_environment:
+        return None
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        path = os.path.join(entry, "sitecustomize.py")
+        if entry and os.path.isfile(path) and os.path.isdir(os.path.join(entry, "kimi_hotfix")):
+            try:
+                with open(path, "rb") as f:
+                    compile(f.read(), path, "exec")
+                error = ("it failed at start-up (site.py printed 'Error in sitecustomize'; "
+                         "PYTHONVERBOSE=1 shows its traceback)")
+            except (OSError, SyntaxError, ValueError) as exc:
+                error = describe(exc)
+            return {"module": os.path.abspath(path), "error": error}
+    return None
+
+
+def status_report() -> dict:
+    """Everything ``status`` prints. Imports no vLLM, torch or wrapt. Where the
+    shim's own files cannot load, the report says which (``broken``), every
+    patch they take down reads ``failed``, and ``status`` exits 1."""
     python = _python_info()
     vllm_version, vllm_dist = versions.installed_vllm()
-    names = registry.names()
-    cfg = config.parse(names)
+    broken = _broken(_plugin_entry())
+    core, registry, config = (sys.modules.get(f"kimi_hotfix.{m}")
+                              for m in ("core", "registry", "config"))
+    names = registry.names() if registry is not None else ()
+    cfg = config.parse(names) if config is not None else None
     toggles = {
         "enabled": cfg.enabled,
         "disabled": sorted(cfg.disabled),
@@ -191,13 +250,19 @@ def status_report() -> dict:
         "log_level": cfg.log_level,
         "set": dict(cfg.raw),
         "warnings": list(cfg.warning_texts),
-    }
+    } if cfg is not None else {"enabled": None, "disabled": [], "forced": [], "strict": None,
+                               "log_level": None, "set": {}, "warnings": []}
     shim = _shim_info(python)
     plugin = _plugin_info()
     wrapt = _wrapt_info()
     patches = []
-    for name, patch in registry.patches().items():
-        state = core.initial_state(name, cfg)
+    for name, patch in (registry.patches().items() if registry is not None else ()):
+        if core is None:  # nothing can arm: every patch fails with the cause
+            first = broken[0]
+            state = State(Kind.FAILED, f"the shim cannot arm: {first['module']} cannot load "
+                                       f"({first['error']})")
+        else:
+            state = core.initial_state(name, cfg)
         if state.kind == Kind.PENDING and not wrapt["installed"]:
             state = State(Kind.FAILED, "wrapt is not installed")
         if state.kind != Kind.PENDING:
@@ -216,7 +281,7 @@ def status_report() -> dict:
             "expected_needed": needed,  # an expectation from the version string only
             "expectation": why,
         })
-    active, reason = _arms(cfg, shim, plugin, wrapt, vllm_version)
+    active, reason = _arms(cfg, shim, plugin, wrapt, vllm_version, broken)
     return {
         "kimi_hotfix": {
             "version": __version__,
@@ -232,11 +297,16 @@ def status_report() -> dict:
         "shim": shim,
         "plugin": plugin,
         "patches": patches,
+        "broken": broken,
     }
 
 
 def _onoff(value):
     return "yes" if value else "no"
+
+
+def _flag(value):
+    return "?" if value is None else "on" if value else "off"
 
 
 def print_status(report, out=None):
@@ -247,6 +317,8 @@ def print_status(report, out=None):
     popt = py["PYTHONOPTIMIZE"]
     w(f"kimi-hotfix {report['kimi_hotfix']['version']} status ({report['kimi_hotfix']['path']})\n")
     w(f"  active     {report['active_reason']}\n")
+    for item in report["broken"]:
+        _wrapped(w, "  BROKEN     ", f"{item['module']}: {item['error']}", " " * 13)
     w(f"  python     {py['version']} {py['executable']}, {opt}, "
       f"PYTHONOPTIMIZE={popt if popt is not None else 'unset'}\n")
     w(f"  flags      -S {_onoff(py['no_site'])}   -I {_onoff(py['isolated'])}   "
@@ -267,14 +339,19 @@ def print_status(report, out=None):
     if shim["sitecustomize_loaded"]:
         chained = ", ".join(shim["chained"]) or "none found later on sys.path"
         w(f"  chained    {chained}\n")
+        for copy in shim["copies"]:
+            w(f"  copy       {copy} (another copy of the shim's bootstrap: not chained)\n")
     pl = report["plugin"]
     w(f"  plugin     {pl['group']}:{pl['name']} {pl['why']}\n")
     t = report["toggles"]
-    w(f"  toggles    KIMI_HOTFIX={'on' if t['enabled'] else 'off'}  "
+    w(f"  toggles    KIMI_HOTFIX={_flag(t['enabled'])}  "
       f"disable={','.join(t['disabled']) or '-'}  force={','.join(t['forced']) or '-'}  "
-      f"strict={'on' if t['strict'] else 'off'}  log={t['log_level']}\n")
+      f"strict={_flag(t['strict'])}  log={t['log_level'] or '?'}\n")
     for warning in t["warnings"]:
         w(f"  WARNING    {warning}\n")
+    if not report["patches"]:
+        w("  patches    none can be listed: the shim's own files cannot load (above)\n")
+        return
     w("  patches    here: what this interpreter does; expect: from the version string only\n")
     width = max(len(p["name"]) for p in report["patches"])
     pad = " " * (4 + width + 2)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -262,26 +263,41 @@ def test_garbage_in_each_variable(var, kind):
 
 # -- a broken install (the package cannot load) ----------------------------------------
 
+INACTIVE_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} kimi-hotfix\[(\d+)\] WARNING "
+                           r"kimi-hotfix inactive: cannot load kimi_hotfix\.core \((.*)\); "
+                           r"vLLM runs unpatched$")
+# the plugin's entry point, called the way vLLM's load_general_plugins() calls it
+PLUGIN_ENTRY = ("import vllm.v1.kv_cache_interface\n"
+                "from importlib import import_module\n"
+                "import_module('kimi_hotfix.plugin').register()\n"
+                "print('vLLM imported')\n")
+
 
 @pytest.mark.parametrize("strict", [False, True])
-def test_broken_install_says_inactive_and_strict_fails_the_import(tmp_path, strict):
+@pytest.mark.parametrize("entry", ["sitecustomize", "plugin"])
+def test_broken_install_says_inactive_and_strict_fails_the_import(tmp_path, entry, strict):
     """The shim's directory is there but its package cannot load (a truncated
-    copy): one line that says so; vLLM imports unpatched; strict mode fails."""
+    copy): one line that says so, with the prefix every line has
+    (``kimi-hotfix[PID] WARNING``); vLLM imports unpatched; strict mode fails.
+    Through the bootstrap and through the plugin's entry point alike."""
     shim = tmp_path / "shim"
     shutil.copytree(REPO / "kimi_hotfix", shim / "kimi_hotfix",
                     ignore=shutil.ignore_patterns("__pycache__", "_vendor"))
-    shutil.copy2(REPO / "sitecustomize.py", shim / "sitecustomize.py")
+    if entry == "sitecustomize":
+        shutil.copy2(REPO / "sitecustomize.py", shim / "sitecustomize.py")
     (shim / "kimi_hotfix" / "core.py").write_text("def arm(:\n")  # truncated on copy
     env = hermetic_env(KIMI_HOTFIX_STRICT="1" if strict else None)
     env["PYTHONPATH"] = os.pathsep.join([str(shim), str(STANDINS / "vllm_complete")])
-    proc = run_python(["-c", "import vllm.v1.kv_cache_interface\nprint('vLLM imported')\n"],
-                      env=env, check=False, cwd=tmp_path)  # not the checkout's kimi_hotfix
-    inactive = [line for line in proc.stderr.splitlines()
-                if line.startswith("kimi-hotfix inactive: cannot load kimi_hotfix.core (")]
+    code = ("import vllm.v1.kv_cache_interface\nprint('vLLM imported')\n"
+            if entry == "sitecustomize" else PLUGIN_ENTRY)
+    proc = run_python(["-c", code], env=env, check=False, cwd=tmp_path)  # not the checkout's
+    inactive = [m for m in map(INACTIVE_LINE.match, proc.stderr.splitlines()) if m]
     assert len(inactive) == 1, proc.stderr
-    assert "SyntaxError" in inactive[0] and inactive[0].endswith("; vLLM runs unpatched")
+    assert "SyntaxError" in inactive[0].group(2) and "core.py" in inactive[0].group(2)
+    assert int(inactive[0].group(1)) > 0
     if strict:
         assert proc.returncode == 1 and "vLLM imported" not in proc.stdout
         assert "SyntaxError" in proc.stderr.splitlines()[-1]
     else:
-        assert proc.returncode == 0 and proc.stdout == "vLLM imported\n"
+        assert proc.returncode == 0 and proc.stdout == "vLLM imported\n", proc.stderr
+        assert "Traceback" not in proc.stderr

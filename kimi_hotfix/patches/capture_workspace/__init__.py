@@ -46,6 +46,10 @@ import ast
 
 from kimi_hotfix import base, recompile
 
+# imported here, not in check(): a broken copy fails this patch as it loads
+# (``failed``), not as a check that "cannot tell" and applies anyway
+from kimi_hotfix.patches import _recoverssm
+
 FIELD = "use_kda_recoverssm"
 INSTEAD = "vLLM's own capture plan is used"
 
@@ -174,8 +178,6 @@ class CaptureWorkspacePatch(base.Patch):
         return manager, method
 
     def check(self, module, optimize):
-        from kimi_hotfix.patches import _recoverssm
-
         _, method = self._method(module)
         if not _recoverssm.has_recoverssm():
             return base.absent("this vLLM has no RecoverSSM (no CacheConfig.use_kda_recoverssm)")
