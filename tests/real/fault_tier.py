@@ -286,7 +286,9 @@ def status_problems(case: dict, how: str) -> list:
         return ["status did not run"]
     found = []
     if case["fault"] == "missing" and OPTIONAL.match(rel):
-        return [] if status["rc"] == 0 else [f"status fails without an optional file: {status}"]
+        # the same gate as without the fault: 0 (arms), 3 where the stand-in vLLM is not installed
+        ok = status["rc"] in (0, 3) and "BROKEN" not in status["stdout"]
+        return [] if ok else [f"status fails without an optional file: {status}"]
     if how == "absent":  # no bootstrap: status says the shim is not on PYTHONPATH
         if "not loaded" not in status["stdout"]:
             found.append(f"status does not say the bootstrap is not loaded:\n{status['stdout']}")
@@ -294,8 +296,8 @@ def status_problems(case: dict, how: str) -> list:
     if rel in STATUS_ENTRY and status["rc"] != 0 and names_cause(status["stderr"], rel) \
             and not status["stdout"]:
         return found  # python -m runs these before any status code: Python's own error
-    if status["rc"] == 0:
-        found.append("status exits 0")
+    if status["rc"] != 1:
+        found.append(f"status exits {status['rc']}, not 1 (the shim's own files are broken)")
     if not names_cause(status["stdout"], rel):
         found.append(f"status does not name the cause:\n{status['stdout'][-1500:]}")
     if "Traceback" in status["stderr"]:
