@@ -21,9 +21,16 @@ def pytest_configure(config):
 
 
 def selected(config) -> tuple:
-    return tuple(config.getoption("--release") or
-                 [r for r in os.environ.get("KIMI_HOTFIX_RELEASES", "").split(",") if r]
-                 or RELEASES)
+    """The releases this session runs: those named with --release, else all.
+    Only the command line narrows the tier (never the environment): a
+    deselected test is not a skip, so a narrowing nobody typed would go unseen."""
+    return tuple(config.getoption("--release") or RELEASES)
+
+
+def pytest_report_header(config):
+    chosen = selected(config)
+    how = "--release" if chosen != RELEASES else "all"
+    return f"real vLLM releases ({how}): {', '.join(chosen)}"
 
 
 def pytest_generate_tests(metafunc):
@@ -45,9 +52,11 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    if config.option.collectonly or os.environ.get("KIMI_HOTFIX_PREFETCH", "1") == "0":
+        return  # nothing runs: start no vLLM child
     used = {item.callspec.params["release"] for item in items
             if getattr(item, "callspec", None) and "release" in item.callspec.params}
-    if used and os.environ.get("KIMI_HOTFIX_PREFETCH", "1") != "0":
+    if used:
         references = [parse_key("0.33.0", "off"), parse_key("0.30.0", "off")]
         POOL.prefetch(references + [parse_key(r, *c.split(":")) for r in RELEASES if r in used
                                     for c in PLAN[r]])
