@@ -16,7 +16,9 @@
 - a check that raises is never "not needed": on 0.33.0 with a spec constructor
   that fails in the probe, -O still hardens the merges (the source check
   decides), plain applies to be safe and warns, strict raises;
-- scripts/demo shows the probes side by side on 0.29.0 under -O.
+- scripts/demo shows the probes side by side on 0.29.0 under -O (its preflight
+  half, ``--quick``; the served half, scripts/serve-demo, starts real servers and
+  runs in scripts/test's end-to-end phase).
 """
 
 from __future__ import annotations
@@ -193,7 +195,8 @@ def test_strict_mode_raises_when_a_check_cannot_tell(release):
 
 @pytest.mark.releases("0.29.0")
 def test_demo_shows_the_probes_side_by_side(release):
-    proc = subprocess.run([str(REPO / "scripts" / "demo"), "0.29.0"], env=hermetic_env(shim=False),
+    proc = subprocess.run([str(REPO / "scripts" / "demo"), "--quick", "0.29.0"],
+                          env=hermetic_env(shim=False),
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     out = proc.stdout
