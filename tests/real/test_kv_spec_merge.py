@@ -150,6 +150,9 @@ def test_toggles_and_undo_put_vllm_back(release, opt):
                                     "asserts are live without -O)")
     assert battery["restored"] and all(battery["restored"].values()), battery["restored"]
     assert battery["toggles_left_no_trace"] is True
+    # the merges as installed, after the toggles, compute what the hardened ones do: the
+    # shim's where it applied, vLLM's own where it is not needed (the decision is right)
+    assert battery["installed_equal_hardened"] is True
     if "undo_state" in battery:  # where the shim applied it: the public rollback API
         assert battery["undo_state"] == "disabled (undone)"
         assert battery["undo_restored"] is True
