@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness, cases, child
 
-from harness import DEFAULT_RELEASES, PLAN, POOL, RELEASES, cli_key, parse_key  # noqa: E402
+from harness import DEFAULT_RELEASES, PLAN, POOL, RELEASES, parse_key  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -60,22 +60,17 @@ def pytest_collection_modifyitems(config, items):
         references = [parse_key("0.33.0", "off"), parse_key("0.30.0", "off")]
         POOL.prefetch(references + [parse_key(r, *c.split(":")) for r in RELEASES if r in used
                                     for c in PLAN[r]])
-    if any(item.module.__name__ == "test_docs" for item in items):
-        import samples
-
-        POOL.prefetch([cli_key(release, flags, command)
-                       for release, flags, command in samples.SAMPLES.values()])
 
 
 def pytest_sessionfinish(session, exitstatus):
     POOL.shutdown()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    done = [f.result() for f in POOL.futures.values()
-            if f.done() and not f.cancelled() and not f.exception()]
-    children = [r for r in done if hasattr(r, "seconds")]
+    children = [f.result() for f in POOL.futures.values()
+                if f.done() and not f.cancelled() and not f.exception()]
     if reporter and children:
         total = sum(r.seconds for r in children)
-        reporter.write_line(f"vLLM children: {len(children)}, {total:.0f} s of child time; "
-                            f"fresh commands: {len(done) - len(children)}")
+        cpu = sum(r.cpu or 0 for r in children)
+        reporter.write_line(f"vLLM children: {len(children)}, {total:.0f} s of child time, "
+                            f"{cpu:.0f} s of their CPU")
 
 

@@ -13,6 +13,8 @@
   kv_spec_merge everywhere);
 - ``status``'s version-based expectation matches what check finds;
 - ``--json`` is exactly one object on stdout; check leaves the states as found;
+  ``python -m kimi_hotfix check`` (run first in the child, before anything else
+  is imported) prints the report's verdict and exits as ``--json`` says;
 - a check that raises is never "not needed": on 0.33.0 with a spec constructor
   that fails in the probe, -O still hardens the merges (the source check
   decides), plain applies to be safe and warns, strict raises;
@@ -140,11 +142,13 @@ def test_status_expectation_agrees_with_check(release, mode):
 
 
 @pytest.mark.releases(*CHECKED)
-def test_check_leaves_the_shim_as_it_found_it(release):
-    section = child(release, "on")["check"]
+@pytest.mark.parametrize("mode", ["plain", "O"])
+def test_check_leaves_the_shim_as_it_found_it(release, mode):
+    run = child(release, "on", mode)
+    section, cli = run["check"], run["cli"]
     assert section["states_after"] == section["states_before"]
-    assert section["rc_text"] == section["rc"]
-    text = section["text"]
+    assert cli["rc"] == section["rc"]
+    text = cli["stdout"]
     assert text.count("without the patch") == len(PATCHES)
     verdict = [line for line in text.splitlines() if line.startswith("verdict: ")]
     assert verdict == [f"verdict: {json.loads(section['stdout'])['verdict']}"]
