@@ -44,7 +44,7 @@ CHILD = Path(__file__).resolve().parent / "child.py"
 # earn their cost on one release (0.29.0), where seed 2 is the run with garbage
 # in every toggle (the defaults must group like the reference) and
 # PYTHONOPTIMIZE's run imports the targets from three threads at once; -OO
-# differs from -O in bytecode, so every release has it; the
+# differs from -O in bytecode, so every release has it (Python 3.12 too); the
 # unpatched -O seed 1 shows the other set.pop() outcome on each release, on
 # 0.29.0 with every patch disabled by name (KIMI_HOTFIX_DISABLE=*) rather than
 # by the kill switch.
@@ -60,7 +60,7 @@ PLAN = {
     "0.33.0": SHIM_RUNS_SHORT + UNPATCHED + ("ctor:plain:0", "ctor:O:0", "ctor_strict:plain:0",
                                              "upstream:O:0", "upstream_off:O:0",
                                              "upstream_off:O:1", "upstream_off:OO:3"),
-    "0.29.0-py3.12": ("on:plain:0", "on:O:0"),
+    "0.29.0-py3.12": SHIM_RUNS_SHORT,
 }
 # garbage in every toggle at once: each is warned about and its default kept
 GARBAGE = {"KIMI_HOTFIX": "jä✓", "KIMI_HOTFIX_DISABLE": "kv_spec_mergé",

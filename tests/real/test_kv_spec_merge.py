@@ -127,8 +127,6 @@ def test_hardened_merge_equals_vllm_plain(release):
 @pytest.mark.releases(*ALL)
 @pytest.mark.parametrize("opt", ["O", "OO"])
 def test_hardened_merge_under_O_raises_where_plain_vllm_does(release, opt):
-    if release.endswith("py3.12") and opt == "OO":
-        opt = "O"
     plain = child(release)["battery"]
     optimized = child(release, "on", opt, 0 if opt == "O" else 3)["battery"]
     assert optimized["optimize"] == LEVEL[opt]
