@@ -4,18 +4,18 @@ With the shim, under plain, -O (flag and PYTHONOPTIMIZE) and -OO and several
 hash seeds, vLLM's own planner groups the Kimi-K3 layer sets exactly as vLLM
 0.33.0 does as released without -O (the reference, computed in this run); with
 the shim switched off (KIMI_HOTFIX=0, or every patch disabled by name) the -O
-bug reproduces, under two hash seeds. The battery runs every merge classmethod
-on 800 to 1,300 spec combinations (by release) with the patch toggled on and
-off: the hardened merge equals vLLM's own plain-Python merge (the capability
-aside, which merges with any()), under -O and -OO too. Nothing about vLLM's
-grouping is hard-coded here.
+bug reproduces, under two hash seeds, which keep different cache dtypes. The
+battery runs every merge classmethod on 800 to 1,300 spec combinations (by
+release) with the patch toggled on and off: the hardened merge equals vLLM's
+own plain-Python merge (the capability aside, which merges with any()), under
+-O and -OO too. Nothing about vLLM's grouping is hard-coded here.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from harness import SHIM_RUNS, UNPATCHED_O, child, reference
+from harness import PLAN, SHIM_RUNS, UNPATCHED_O, child, reference
 from helpers import summaries
 
 ALL = ("0.29.0", "0.30.0", "0.33.0", "0.29.0-py3.12")
@@ -67,6 +67,25 @@ def test_without_the_shim_O_reproduces_the_bug(release, config):
     assert not run["kv"]["probe"]["ok"]
     if release == "0.29.0":  # issue #54649: the draft loses its capability
         assert run["kv"]["merge"].get(CAPABILITY) is not True, run["kv"]["merge"]
+
+
+def kept_cache_dtypes(run):
+    """The cache_dtype_str values left in the grouping of the MLA layers that differ only
+    in it (the groups' specs and their per-layer specs)."""
+    return sorted({spec["cache_dtype_str"] for group in run["kv"]["groupings"]["mla_cache_dtype_str"]
+                   ["groups"] for spec in [group["spec"], *group.get("layer_specs", {}).values()]
+                   if "cache_dtype_str" in spec})
+
+
+def test_without_the_shim_O_keeps_a_cache_dtype_chosen_by_the_hash_seed(release):
+    """Unpatched -O merges MLA specs that differ only in cache_dtype_str into one, and
+    which value survives is set.pop()'s: the two seeds the plan runs keep different
+    ones, where plain Python (the reference) keeps both apart."""
+    seed_0, seed_1 = (child(release, *c.split(":")[:2], int(c.split(":")[2]))
+                      for c in UNPATCHED_O if c in PLAN[release])
+    assert len(kept_cache_dtypes(reference())) == 2
+    kept = [kept_cache_dtypes(seed_0), kept_cache_dtypes(seed_1)]
+    assert all(len(k) == 1 for k in kept) and kept[0] != kept[1], kept
 
 
 @pytest.mark.releases(*ALL)
