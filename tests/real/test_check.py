@@ -4,9 +4,10 @@
   with KIMI_HOTFIX=0 (the bugs, reproduced in this run); every needed patch
   fixes its probe; the shim's own decision agrees; exit 0;
 - with KIMI_HOTFIX=0 check finds the same needs, says disabled, exits 1;
-- the decisions per release (issue 8): 0.28.0 plain needs nothing (removable;
-  RecoverSSM "not affected"), 0.28.0 -O only kv_spec_merge, 0.29.0 -O all
-  three, 0.30.0 plain only kda_overlong_rows, 0.33.0 plain none;
+- the decisions per release (the brief's version table): 0.28.0 plain needs
+  nothing (RecoverSSM "not affected"), 0.28.0 -O kv_spec_merge and the two -O
+  parity patches, 0.29.0 -O all five, 0.30.0 plain only kda_overlong_rows,
+  0.33.0 plain none;
 - every optimize level is reported: a plain run's checks name what -O needs and
   an -O run's what plain needs, and the two runs agree; ``removable`` only
   where no level needs anything (never on 0.28.0 to 0.33.0: -O needs
