@@ -6,15 +6,26 @@ Importing vLLM costs seconds per process, so each (release, flags, seed,
 environment) configuration runs this script once and the tests assert on its
 output: one ``KIMI_JSON:`` line on stdout holding a section per topic. Sections:
 
+  cli       (spec "cli": true) ``python -m kimi_hotfix check`` run first, before
+            anything else is imported: what that command prints (fd 1) and its
+            exit status; its stderr is the start of this process's stderr
   process   versions, -O, hash seed, the shim's states, who armed it
   wrapped   what carries the shim's marker (layers, the core's records)
   kv        the Kimi-K3 grouping probe (target + draft merge, layer sets)
   battery   every merge classmethod, toggled on and off, plus undo/reapply
-  plans     CUDA-graph capture plans, as installed and with the patch toggled on
-  kda       KDA metadata builds, as installed and with the patch toggled on
-  check     ``check --json`` and ``check`` through the CLI (fd 1 captured)
-  failures  each patch's own code made to fail (logged once; strict raises);
-            stderr after the line ``KIMI_SECTION:failures`` belongs to it
+  plans     CUDA-graph capture plans, as installed and, where the patch is not
+            applied, with it toggled on
+  kda       KDA metadata builds, likewise
+  check     ``check --json`` through the CLI (fd 1 captured), states around it
+  failures  each patch's own code made to fail (logged once; strict raises)
+  o_parity  (spec "o_parity": true, run with KIMI_HOTFIX=0) the -O hazards of
+            inner_dp_group and config_checks, without and with each patch
+            (child_o_parity.py); last, since it builds a gloo world
+
+Before each section the child writes ``KIMI_SECTION:<name>`` on stderr, so a
+test can read what was logged at start-up (imports and arming) apart from what
+the sections' toggling logs. With spec "threads": true the targets are imported
+by three threads at once after ``import vllm`` (test_processes.py).
 
 No ``assert`` here: the child may run under -O. Every fact comes from the real
 vLLM in this process; the stand-ins are never imported.
@@ -29,10 +40,50 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.append(os.path.join(REPO, "tests", "standins"))  # mechanics (after start-up)
 SPEC = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 OUT = {"sections": {}, "timings": {}}
 
+
+def _capture(run):
+    """``run()`` with fd 1 captured: (its result, what a shell would see on stdout)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 1)
+        try:
+            result = run()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        return result, tmp.read().decode()
+
+
+def _cli_check():
+    """``python -m kimi_hotfix check``, as that command runs it: its __main__."""
+    import runpy
+
+    argv, sys.argv = sys.argv, ["-m", "check"]
+    try:
+        runpy.run_module("kimi_hotfix", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        return exc.code
+    finally:
+        sys.argv = argv
+    return None
+
+
+if SPEC.get("cli"):  # first: nothing of the shim's or vLLM's imported yet
+    _t = time.perf_counter()
+    try:
+        _rc, _text = _capture(_cli_check)
+        OUT["sections"]["cli"] = {"rc": _rc, "stdout": _text}
+    except BaseException:
+        OUT["sections"]["cli"] = {"error": traceback.format_exc()[-4000:]}
+    OUT["timings"]["cli"] = round(time.perf_counter() - _t, 3)
+
+sys.path.append(os.path.join(REPO, "tests", "standins"))  # mechanics (after start-up)
 import cases  # noqa: E402  (tests/real, this script's directory)
 
 if SPEC.get("no_source"):  # kda_metadata.py shipped as bytecode only: no source lines
@@ -65,6 +116,26 @@ if SPEC.get("fail_mla_ctor"):  # a later vLLM whose spec constructor the probe c
 t0 = time.perf_counter()
 import importlib  # noqa: E402
 
+THREAD_ERRORS = []
+if SPEC.get("threads"):  # vLLM first, then three targets imported by three threads at once
+    import threading
+
+    import vllm  # noqa: F401  (arms the shim; threads racing vLLM's own first import is another matter)
+
+    _barrier = threading.Barrier(3)
+
+    def _load(name):
+        _barrier.wait()
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:
+            THREAD_ERRORS.append(repr(exc))
+
+    _threads = [threading.Thread(target=_load, args=(t,)) for t in cases.TARGETS[:3]]
+    for _thread in _threads:
+        _thread.start()
+    for _thread in _threads:
+        _thread.join()
 for _target in cases.TARGETS:
     importlib.import_module(_target)
 IMPORT_SECONDS = time.perf_counter() - t0
@@ -84,8 +155,11 @@ from kimi_hotfix import core  # noqa: E402
 import mechanics  # noqa: E402
 
 
-def section(name):
+def section(name, when=True):
     def run(fn):
+        if not when or name not in SPEC.get("sections", [name]):
+            return fn
+        print(f"KIMI_SECTION:{name}", file=sys.stderr, flush=True)
         t = time.perf_counter()
         try:
             OUT["sections"][name] = fn()
@@ -119,6 +193,7 @@ def process():
         "kimi_hotfix_file": kimi_hotfix.__file__, "import_seconds": round(IMPORT_SECONDS, 2),
         "kv_cache_interface_file": kvi.__file__,
         "mla_ctor_broken_at_import": bool(_ctor),
+        "thread_import_errors": THREAD_ERRORS,
     }
 
 
@@ -157,11 +232,14 @@ def _kdas():
 
 
 def _installed_and_forced(name, compute):
-    """``compute()`` as the shim left vLLM, and again with patch ``name`` toggled on."""
-    installed = compute()
-    with core.toggled(name, True) as state:
-        forced = compute()
-    return {"installed": installed, "forced": forced, "forced_state": str(state)}
+    """``compute()`` as the shim left vLLM, and again with patch ``name`` toggled on
+    where the shim decided it is not needed (applied, toggling on changes nothing;
+    disabled, no test reads it)."""
+    out = {"installed": compute()}
+    if core.states()[name].kind.value in ("not_needed", "not_affected"):
+        with core.toggled(name, True) as state:
+            out.update(forced=compute(), forced_state=str(state))
+    return out
 
 
 @section("plans")
@@ -181,39 +259,28 @@ def battery():
     return child_battery.run(core, kvi)
 
 
-def _capture(args):
-    """``cli.main(args)`` with fd 1 captured: what a shell would see on stdout."""
-    from kimi_hotfix import cli
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 1)
-        try:
-            rc = cli.main(args)
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-        tmp.seek(0)
-        return rc, tmp.read().decode()
-
-
 @section("check")
 def check():
+    from kimi_hotfix import cli
+
     before = {name: str(s) for name, s in core.states().items()}
-    rc, text = _capture(["check", "--json"])
-    rc_text, human = _capture(["check"])
+    rc, text = _capture(lambda: cli.main(["check", "--json"]))
     after = {name: str(s) for name, s in core.states().items()}
-    return {"rc": rc, "stdout": text, "rc_text": rc_text, "text": human,
-            "states_before": before, "states_after": after}
+    return {"rc": rc, "stdout": text, "states_before": before, "states_after": after}
 
 
 @section("failures")
 def failures():
     import child_failures
 
-    print("KIMI_SECTION:failures", file=sys.stderr, flush=True)
     return child_failures.run(core)
 
+
+@section("o_parity", when=SPEC.get("o_parity"))
+def o_parity():
+    import child_o_parity
+
+    return child_o_parity.run()
+
+OUT["cpu"] = round(sum(os.times()[:4]), 2)  # CPU seconds so far, with waited-for children
 print("KIMI_JSON:" + json.dumps(OUT, default=repr), flush=True)

@@ -1,11 +1,11 @@
-"""One child of a real vLLM venv: the -O hazards the new patches cover, without
-and with each patch. Prints one ``KIMI_JSON:`` line.
+"""The -O hazards the new patches cover, without and with each patch (child side).
 
-    python [-O] tests/real/child_o_parity.py
-
-Run with ``KIMI_HOTFIX=0``: the shim arms nothing by itself; this script applies
-inner_dp_group and config_checks through their own ``apply`` (with the shim's
-recorder) and puts vLLM's functions back after each case.
+``run()`` is child.py's ``o_parity`` section, in the children that run with
+``KIMI_HOTFIX=0`` (harness.PLAN's ``off`` configurations, seed 0): the shim arms
+nothing by itself; this module applies inner_dp_group and config_checks through
+their own ``apply`` (with the shim's recorder) and puts vLLM's functions back
+after each case. It runs last in the child: it leaves a one-process gloo world.
+Alone, ``python [-O] tests/real/child_o_parity.py`` prints one ``KIMI_JSON:`` line.
 
   barrier   vLLM's ``_all_workers_barrier`` (CPU KV offload) in a one-process
             gloo world built with vLLM's own ``init_world_group``, no inner-DP
@@ -27,19 +27,27 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, REPO)
-OUT = {"sections": {}}
+if REPO not in sys.path:
+    sys.path.append(REPO)
+SECTIONS = {}  # name -> function, in order
 
 
 def section(name):
-    def run(fn):
-        try:
-            OUT["sections"][name] = fn()
-        except Exception:
-            OUT["sections"][name] = {"error": traceback.format_exc()[-3000:]}
+    def register(fn):
+        SECTIONS[name] = fn
         return fn
 
-    return run
+    return register
+
+
+def run() -> dict:
+    out = {}
+    for name, fn in SECTIONS.items():
+        try:
+            out[name] = fn()
+        except Exception:
+            out[name] = {"error": traceback.format_exc()[-3000:]}
+    return out
 
 
 def outcome(call):
@@ -213,4 +221,5 @@ def _probes():
     return out
 
 
-print("KIMI_JSON:" + json.dumps(OUT), flush=True)
+if __name__ == "__main__":
+    print("KIMI_JSON:" + json.dumps({"sections": run()}), flush=True)

@@ -36,29 +36,43 @@ RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.33.0", "0.29.0-py3.12")
 DEFAULT_RELEASES = ("0.29.0", "0.30.0", "0.33.0")
 CHILD = Path(__file__).resolve().parent / "child.py"
 # what the tests read, per release: "scenario:opt:seed"
-# Each child costs an interpreter and a vLLM import (seconds): a configuration is
-# here only where its result can differ. The shim's merges raise before vLLM's
-# set.pop(), so more hash seeds and PYTHONOPTIMIZE earn their cost on one release
-# (0.29.0); -OO differs from -O in bytecode, so every release has it; the
-# unpatched -O seed 1 shows the other set.pop() outcome on each release.
-SHIM_RUNS = ("on:plain:0", "on:O:0", "pyoptimize:plain:1", "on:O:2", "on:OO:3")
+# Each child costs an interpreter and a vLLM import (about 12 s of CPU): a
+# configuration is here only where its result can differ, and a claim that only
+# needs some process of a kind rides in a child that runs anyway. The shim's
+# merges raise before vLLM's set.pop(), so more hash seeds and PYTHONOPTIMIZE
+# earn their cost on one release (0.29.0), where seed 2 is the run with garbage
+# in every toggle (the defaults must group like the reference) and
+# PYTHONOPTIMIZE's run imports the targets from three threads at once; -OO
+# differs from -O in bytecode, so every release has it (Python 3.12 too); the
+# unpatched -O seed 1 shows the other set.pop() outcome on each release, on
+# 0.29.0 with every patch disabled by name (KIMI_HOTFIX_DISABLE=*) rather than
+# by the kill switch.
+SHIM_RUNS = ("on:plain:0", "on:O:0", "pyoptimize:plain:1", "garbage:O:2", "on:OO:3")
 SHIM_RUNS_SHORT = ("on:plain:0", "on:O:0", "on:OO:3")
 UNPATCHED = ("off:plain:0", "off:O:0", "off:O:1")
+UNPATCHED_O = ("off:O:0", "off:O:1", "disable:O:1")  # the -O reproductions
 PLAN = {
     "0.28.0": ("on:plain:0", "on:O:0"),
-    "0.29.0": SHIM_RUNS + UNPATCHED + ("strict:O:0", "no_source:plain:0", "no_source:O:0"),
+    "0.29.0": SHIM_RUNS + ("off:plain:0", "off:O:0", "disable:O:1", "strict:O:0",
+                           "no_source:plain:0", "no_source:O:0"),
     "0.30.0": SHIM_RUNS_SHORT + UNPATCHED,
     "0.33.0": SHIM_RUNS_SHORT + UNPATCHED + ("ctor:plain:0", "ctor:O:0", "ctor_strict:plain:0",
                                              "upstream:O:0", "upstream_off:O:0",
                                              "upstream_off:O:1", "upstream_off:OO:3"),
-    "0.29.0-py3.12": ("on:plain:0", "on:O:0"),
+    "0.29.0-py3.12": SHIM_RUNS_SHORT,
 }
+# garbage in every toggle at once: each is warned about and its default kept
+GARBAGE = {"KIMI_HOTFIX": "jä✓", "KIMI_HOTFIX_DISABLE": "kv_spec_mergé",
+           "KIMI_HOTFIX_FORCE": "x" * 100_000, "KIMI_HOTFIX_STRICT": "sometimes",
+           "KIMI_HOTFIX_LOG_LEVEL": "loud"}
 # scenario name -> (environment on top of hermetic_env(), child spec)
 SCENARIOS = {
     "on": ({}, {}),
     "off": ({"KIMI_HOTFIX": "0"}, {}),
+    "disable": ({"KIMI_HOTFIX_DISABLE": "*"}, {}),
+    "garbage": (GARBAGE, {}),
     "strict": ({"KIMI_HOTFIX_STRICT": "1"}, {}),
-    "pyoptimize": ({"PYTHONOPTIMIZE": "1"}, {}),  # -O through the environment
+    "pyoptimize": ({"PYTHONOPTIMIZE": "1"}, {"threads": True}),  # -O through the environment
     "no_source": ({}, {"no_source": True}),
     "ctor": ({}, {"fail_mla_ctor": True}),
     "ctor_strict": ({"KIMI_HOTFIX_STRICT": "1"}, {"fail_mla_ctor": True}),
@@ -66,6 +80,21 @@ SCENARIOS = {
     "upstream": ({}, {"overlay": True}),
     "upstream_off": ({"KIMI_HOTFIX": "0"}, {"overlay": True}),
 }
+
+
+def child_spec(name, opt, seed) -> dict:
+    """The scenario's spec, plus what some configurations also run: ``python -m
+    kimi_hotfix check`` first thing in the shim's seed-0 plain and -O children (what
+    docs/samples show, and check's text), the -O parity cases in the unpatched
+    seed-0 children (test_o_parity.py)."""
+    spec = dict(SCENARIOS[name][1])
+    if name == "on" and seed == 0 and opt in ("plain", "O"):
+        spec["cli"] = True
+    if name == "off" and seed == 0:
+        spec["o_parity"] = True
+    return spec
+
+
 UPSTREAM_PATCH = REPO / "upstream" / "0001-kv-cache-spec-merge-explicit-checks.patch"
 UPSTREAM_PATCHES = sorted((REPO / "upstream").glob("000*.patch"))  # every fix for vLLM
 
@@ -108,9 +137,11 @@ class Run:
     """One child's output: ``sections`` by name, ``stderr`` split at the failures
     section (``stderr`` is what came before it), the return code."""
 
-    def __init__(self, key, proc, seconds):
-        self.key, self.rc, self.seconds = key, proc.returncode, seconds
+    def __init__(self, key, proc, seconds, cpu=None):
+        self.key, self.rc, self.seconds, self.cpu = key, proc.returncode, seconds, cpu
         self.stderr, _, self.failures_stderr = proc.stderr.partition("KIMI_SECTION:failures")
+        # what the process logged before its first section: start-up, imports, arming
+        self.start_stderr = proc.stderr.partition("KIMI_SECTION:")[0]
         found = json_lines(proc.stdout)
         self.out = found[-1] if found else {}
         self.sections = self.out.get("sections", {})
@@ -171,29 +202,10 @@ def upstream_overlay(release) -> dict:
         return _overlays[release]
 
 
-def cli_key(release, flags, *args):
-    """A fresh ``python [flags] -m kimi_hotfix ARGS`` in ``release``'s venv, the
-    shim on PYTHONPATH, PYTHONHASHSEED=0 (what docs/samples show)."""
-    return ("cli", release, tuple(flags), tuple(args))
-
-
-def command(release, flags, *args) -> subprocess.CompletedProcess:
-    """The output of that command (run once per session, in the pool)."""
-    return POOL.get(cli_key(release, flags, *args))
-
-
-def _compute_cli(key) -> subprocess.CompletedProcess:
-    _, release, flags, args = key
-    return subprocess.run([venv_python(release), *flags, "-m", "kimi_hotfix", *args],
-                          env=hermetic_env(PYTHONHASHSEED=0), cwd=str(REPO),
-                          capture_output=True, text=True, timeout=900)
-
-
 def _compute(key):
-    if key[0] == "cli":
-        return _compute_cli(key)
     release, name, opt, seed = key
-    extra, spec = SCENARIOS[name]
+    extra, _ = SCENARIOS[name]
+    spec = child_spec(name, opt, seed)
     env = hermetic_env(PYTHONHASHSEED=seed, **extra)
     if spec.get("overlay"):
         env["PYTHONPATH"] = os.pathsep.join([str(upstream_overlay(release)["path"]), str(REPO)])
@@ -210,15 +222,17 @@ def _compute(key):
         if path and path.exists():
             saved = json.loads(path.read_text())
             proc = subprocess.CompletedProcess(cmd, saved["rc"], saved["stdout"], saved["stderr"])
-            return Run(key, proc, saved["seconds"])
+            return Run(key, proc, saved["seconds"], saved.get("cpu"))
         t0 = time.monotonic()
         proc = subprocess.run(cmd, env=env, cwd=str(REPO), capture_output=True, text=True,
                               timeout=900)
         seconds = time.monotonic() - t0
+        found = json_lines(proc.stdout)
+        cpu = found[-1].get("cpu") if found else None  # the child's own, as it printed
         if path:
             path.write_text(json.dumps({"rc": proc.returncode, "stdout": proc.stdout,
-                                        "stderr": proc.stderr, "seconds": seconds}))
-        return Run(key, proc, seconds)
+                                        "stderr": proc.stderr, "seconds": seconds, "cpu": cpu}))
+        return Run(key, proc, seconds, cpu)
     finally:
         if lock:
             lock.close()

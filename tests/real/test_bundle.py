@@ -10,16 +10,18 @@ top-level wrapt imported.
 
 For each Python version this machine can run (pyenv 3.9 to 3.13) a bundle is
 built (wrapt from the registry for that version and manylinux2014_x86_64) and
-put on PYTHONPATH of a fresh venv of that version that has NO wrapt. The shim
-arms from the bundle alone, and with PYTHONDONTWRITEBYTECODE=1 every bundle
-module (the private wrapt included) loads from its precompiled .pyc; start-up
-imports no kimi_hotfix module besides the bootstrap. vLLM itself exists only for
-Python 3.11 here: that bundle runs the real vLLM 0.29.0 (a wrapt-less venv
-layered over the 0.29.0 venv); the others use the stand-in vllm package (shim
-mechanics only). A bundle that cannot be built (no registry, no wheel) fails the
-test. Children run in a temporary working directory: ``python -c`` puts the
-working directory first on sys.path, and the checkout's own kimi_hotfix/ must
-not stand in for the bundle's.
+put on PYTHONPATH of a fresh venv of that version that has NO wrapt, with the
+stand-in vllm package (shim mechanics only: the bundle's files and bytecode per
+Python). The shim arms from the bundle alone, and with PYTHONDONTWRITEBYTECODE=1
+every bundle module (the private wrapt included) loads from its precompiled
+.pyc; start-up imports no kimi_hotfix module besides the bootstrap. The Python
+3.11 bundle then runs the real vLLM 0.29.0 wheel three ways: in a venv without
+wrapt, in one with wrapt 1.14.1 (both layered over the 0.29.0 venv, its wrapt
+hidden), and in the 0.29.0 venv itself, whose wrapt 2.x user code imported
+first. A bundle that cannot be built (no registry, no wheel) fails the test.
+Children run in a temporary working directory: ``python -c`` puts the working
+directory first on sys.path, and the checkout's own kimi_hotfix/ must not stand
+in for the bundle's.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import pytest
 
 from harness import venv_python
 from helpers import PATCHES, REPO, STANDINS, TARGETS, hermetic_env, json_lines, run_python
-from standins.venvs import layered_venv, site_dirs, site_packages
+from standins.venvs import layered_venv, site_dirs, site_packages, visible
 
 pytestmark = pytest.mark.releases("0.29.0")
 
@@ -217,17 +219,20 @@ def test_bundle_arms_privately_in_a_venv_without_wrapt(tmp_path, release, bundle
 
 
 def test_bundle_leaves_the_containers_wrapt_1_14_alone(tmp_path, release, bundle_for):
-    """A venv with wrapt 1.14.1 installed: user code imports that wrapt, before or
-    after the shim armed from its private copy; both work side by side, and
-    ``status`` names the private copy without importing it."""
+    """The real vLLM 0.29.0 in a venv with wrapt 1.14.1 installed (layered over the
+    0.29.0 venv, its own wrapt hidden): user code imports that wrapt, after the shim
+    armed from its private copy; both work side by side, and ``status`` names the
+    private copy without importing it."""
     bundle, _ = bundle_for("3.11")
-    python = layered_venv(tmp_path / "venv", pyenv_python("3.11"))
+    base = venv_python(release)
+    python = layered_venv(tmp_path / "venv", base, site_dirs(base), hide=("wrapt", "wrapt-*"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                     "--no-deps", "--only-binary=:all:", "--target", str(site_packages(python)),
                     "wrapt==1.14.1"], check=True, capture_output=True,
                    env=hermetic_env(shim=False, PIP_ROOT_USER_ACTION="ignore"))
+    assert visible(python, ["vllm", "wrapt"]) == {"vllm": True, "wrapt": True}
     env = hermetic_env(shim=False)
-    env["PYTHONPATH"] = f"{bundle}:{STANDINS / 'vllm_complete'}"
+    env["PYTHONPATH"] = str(bundle)
     code = (
         "".join(f"import {t}\n" for t in TARGETS)
         + PRELUDE
@@ -239,9 +244,11 @@ def test_bundle_leaves_the_containers_wrapt_1_14_alone(tmp_path, release, bundle
         "import json.tool\n"
         "double = wrapt.FunctionWrapper(len, lambda wrapped, instance, args, kwargs: 2 * wrapped(*args))\n"
         "mechanics.emit(mechanics.report(user_hook_fired=fired, user_wrapper=double('abc'),\n"
+        "    vllm_file=sys.modules['vllm'].__file__,\n"
         f"    user_wrapper_private=isinstance(double, sys.modules[{PRIVATE!r}].FunctionWrapper), **probe))\n"
     )
     out = json_lines(run_python(["-c", code], python=python, flags=["-O"], env=env, cwd=tmp_path).stdout)[0]
+    assert out["vllm_file"].startswith(str(tmp_path / "venv" / "overlay" / "vllm"))  # the wheel's
     assert out["top_level_modules"] == []  # arming imported none of the container's wrapt
     assert out["import_wrapt"] == "1.14.1"
     assert out["import_wrapt_file"] == str(site_packages(python) / "wrapt" / "__init__.py")
@@ -269,12 +276,12 @@ def test_bundle_leaves_the_containers_wrapt_1_14_alone(tmp_path, release, bundle
 
 def test_bundle_with_the_containers_wrapt_2_already_imported(tmp_path, release, bundle_for):
     """The 0.29.0 venv has its own wrapt 2.x, and user code imported it (its
-    ``wrapt.exceptions`` too) before vLLM: arming from the private copy leaves
-    every top-level wrapt module as it was."""
+    ``wrapt.exceptions`` too) before the real vLLM: arming from the private copy
+    leaves every top-level wrapt module as it was."""
     python = venv_python(release)
     bundle, _ = bundle_for("3.11")
     env = hermetic_env(shim=False)
-    env["PYTHONPATH"] = f"{bundle}:{STANDINS / 'vllm_complete'}"
+    env["PYTHONPATH"] = str(bundle)
     code = (
         "import sys, wrapt, wrapt.exceptions\n"
         "theirs = {m: id(mod) for m, mod in sys.modules.items() if m.split('.')[0] == 'wrapt'}\n"
@@ -283,10 +290,11 @@ def test_bundle_with_the_containers_wrapt_2_already_imported(tmp_path, release, 
         + PROBE
         + "after = {m: id(mod) for m, mod in sys.modules.items() if m.split('.')[0] == 'wrapt'}\n"
         "mechanics.emit(mechanics.report(unchanged=after == theirs, theirs=sorted(theirs),\n"
-        "    theirs_file=wrapt.__file__, **wrapt_probe()))\n"
+        "    theirs_file=wrapt.__file__, vllm_file=sys.modules['vllm'].__file__, **wrapt_probe()))\n"
     )
     out = json_lines(run_python(["-c", code], python=python, flags=["-O"], env=env,
                                 cwd=tmp_path).stdout)[0]
+    assert any(out["vllm_file"] == str(d / "vllm" / "__init__.py") for d in site_dirs(python))
     assert out["unchanged"] is True and "wrapt.exceptions" in out["theirs"]
     assert any(out["theirs_file"] == str(d / "wrapt" / "__init__.py") for d in site_dirs(python))
     assert out["import_wrapt_file"] == out["theirs_file"]
@@ -301,9 +309,7 @@ def test_bundle_with_real_vllm_in_a_venv_without_wrapt(tmp_path, release, bundle
     bundle, _ = bundle_for("3.11")
     base = venv_python(release)
     python = layered_venv(tmp_path / "venv", base, site_dirs(base), hide=("wrapt", "wrapt-*"))
-    missing = run_python(["-c", "import vllm, wrapt"], python=python, env=hermetic_env(shim=False),
-                         check=False)
-    assert "No module named 'wrapt'" in missing.stderr
+    assert visible(python, ["vllm", "wrapt"]) == {"vllm": True, "wrapt": False}
     env = hermetic_env(shim=False)
     env["PYTHONPATH"] = str(bundle)
     code = (

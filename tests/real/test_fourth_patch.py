@@ -1,15 +1,14 @@
 """Adding a patch is one new module plus one registry line (issue 8).
 
-A copy of the shim gets a stand-in fourth patch (its own module, its check,
-apply and probe) and one more name in ``PATCH_MODULES``; nothing else in the
-copy differs from the checkout. On the real vLLM 0.29.0 under -O, the new patch
-shows up in ``status --json``, in ``check --json`` (needed, applied, fixed by
-its own probe) and in the summary line, next to the three real ones.
+A copy of the shim (kimi_hotfix/ and sitecustomize.py as in the checkout)
+gets a stand-in patch (its own module, its check, apply and probe) and one more
+name in ``PATCH_MODULES``, nothing else. On the real vLLM 0.29.0 under -O, the
+new patch shows up in ``status --json``, in ``check --json`` (needed, applied,
+fixed by its own probe) and in the summary line, after the real ones.
 """
 
 from __future__ import annotations
 
-import filecmp
 import json
 import os
 import re
@@ -71,25 +70,11 @@ def shim(tmp_path_factory):
     registry = root / "kimi_hotfix" / "patches" / "__init__.py"
     text = registry.read_text()
     new = re.sub(r'(PATCH_MODULES = \(.*?)\)', r'\1, "fourth_standin")', text, flags=re.S)
+    # the setup the docstring states: one line of the registry changed, the name added
     assert new.count("fourth_standin") == 1
+    assert len(set(new.splitlines()) - set(text.splitlines())) == 1
     registry.write_text(new)
     return root
-
-
-def test_nothing_else_changes(release, shim):
-    changed = []
-
-    def walk(cmp, prefix=""):
-        changed.extend(prefix + n for n in cmp.diff_files + cmp.left_only + cmp.right_only)
-        for name, sub in cmp.subdirs.items():
-            walk(sub, f"{prefix}{name}/")
-
-    walk(filecmp.dircmp(REPO / "kimi_hotfix", shim / "kimi_hotfix",
-                        ignore=["__pycache__", "_vendor"]))
-    assert sorted(changed) == ["patches/__init__.py", "patches/fourth_standin.py"]
-    diff = set((shim / "kimi_hotfix/patches/__init__.py").read_text().splitlines()) - set(
-        (REPO / "kimi_hotfix/patches/__init__.py").read_text().splitlines())
-    assert len(diff) == 1  # one registry line
 
 
 def test_status_check_and_summary_line_find_it(release, shim):

@@ -3,17 +3,19 @@
 With the shim, under plain, -O (flag and PYTHONOPTIMIZE) and -OO and several
 hash seeds, vLLM's own planner groups the Kimi-K3 layer sets exactly as vLLM
 0.33.0 does as released without -O (the reference, computed in this run); with
-KIMI_HOTFIX=0 the -O bug reproduces. The battery runs every merge classmethod
-on about 900 spec combinations with the patch toggled on and off: the hardened
-merge equals vLLM's own plain-Python merge (the capability aside, which merges
-with any()), under -O too. Nothing about vLLM's grouping is hard-coded here.
+the shim switched off (KIMI_HOTFIX=0, or every patch disabled by name) the -O
+bug reproduces, under two hash seeds, which keep different cache dtypes. The
+battery runs every merge classmethod on 800 to 1,300 spec combinations (by
+release) with the patch toggled on and off: the hardened merge equals vLLM's
+own plain-Python merge (the capability aside, which merges with any()), under
+-O and -OO too. Nothing about vLLM's grouping is hard-coded here.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from harness import SHIM_RUNS, child, reference
+from harness import PLAN, SHIM_RUNS, UNPATCHED_O, child, reference
 from helpers import summaries
 
 ALL = ("0.29.0", "0.30.0", "0.33.0", "0.29.0-py3.12")
@@ -54,16 +56,36 @@ def test_shim_groups_like_the_reference(release, config):
     assert run["kv"]["probe"]["ok"], run["kv"]["probe"]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_without_the_shim_O_reproduces_the_bug(release, seed):
-    run = child(release, "off", "O", seed)
-    assert run["process"]["optimize"] == 1
+@pytest.mark.parametrize("config", UNPATCHED_O)  # those harness.PLAN runs for the release
+def test_without_the_shim_O_reproduces_the_bug(release, config):
+    name, opt, seed = config.split(":")
+    run = child(release, name, opt, int(seed))
+    assert run["process"]["optimize"] == 1 and run["process"]["hashseed"] == seed
     assert run.kinds["kv_spec_merge"] == "disabled"
     assert not any(run["wrapped"]["merge"].values())
     assert differing(run, reference()), "-O without the shim grouped like the reference"
     assert not run["kv"]["probe"]["ok"]
     if release == "0.29.0":  # issue #54649: the draft loses its capability
         assert run["kv"]["merge"].get(CAPABILITY) is not True, run["kv"]["merge"]
+
+
+def kept_cache_dtypes(run):
+    """The cache_dtype_str values left in the grouping of the MLA layers that differ only
+    in it (the groups' specs and their per-layer specs)."""
+    return sorted({spec["cache_dtype_str"] for group in run["kv"]["groupings"]["mla_cache_dtype_str"]
+                   ["groups"] for spec in [group["spec"], *group.get("layer_specs", {}).values()]
+                   if "cache_dtype_str" in spec})
+
+
+def test_without_the_shim_O_keeps_a_cache_dtype_chosen_by_the_hash_seed(release):
+    """Unpatched -O merges MLA specs that differ only in cache_dtype_str into one, and
+    which value survives is set.pop()'s: the two seeds the plan runs keep different
+    ones, where plain Python (the reference) keeps both apart."""
+    seed_0, seed_1 = (child(release, *c.split(":")[:2], int(c.split(":")[2]))
+                      for c in UNPATCHED_O if c in PLAN[release])
+    assert len(kept_cache_dtypes(reference())) == 2
+    kept = [kept_cache_dtypes(seed_0), kept_cache_dtypes(seed_1)]
+    assert all(len(k) == 1 for k in kept) and kept[0] != kept[1], kept
 
 
 @pytest.mark.releases(*ALL)
@@ -124,8 +146,6 @@ def test_hardened_merge_equals_vllm_plain(release):
 @pytest.mark.releases(*ALL)
 @pytest.mark.parametrize("opt", ["O", "OO"])
 def test_hardened_merge_under_O_raises_where_plain_vllm_does(release, opt):
-    if release.endswith("py3.12") and opt == "OO":
-        opt = "O"
     plain = child(release)["battery"]
     optimized = child(release, "on", opt, 0 if opt == "O" else 3)["battery"]
     assert optimized["optimize"] == LEVEL[opt]
@@ -150,6 +170,9 @@ def test_toggles_and_undo_put_vllm_back(release, opt):
                                     "asserts are live without -O)")
     assert battery["restored"] and all(battery["restored"].values()), battery["restored"]
     assert battery["toggles_left_no_trace"] is True
+    # the merges as installed, after the toggles, compute what the hardened ones do: the
+    # shim's where it applied, vLLM's own where it is not needed (the decision is right)
+    assert battery["installed_equal_hardened"] is True
     if "undo_state" in battery:  # where the shim applied it: the public rollback API
         assert battery["undo_state"] == "disabled (undone)"
         assert battery["undo_restored"] is True

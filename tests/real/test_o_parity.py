@@ -1,44 +1,32 @@
 """The -O hazards behind inner_dp_group and config_checks, on the real wheels.
 
-One child per (release, plain or -O), with the shim off (KIMI_HOTFIX=0); the
-child applies each patch through its own ``apply`` for the "with" cases and
-puts vLLM's functions back after (tests/real/child_o_parity.py). Each test
-shows plain Python and -O differing without the patch, and the patch giving
--O plain Python's behaviour, refusals included, and nothing more.
+Per (release, plain or -O), the child that runs with the shim off
+(KIMI_HOTFIX=0, harness.PLAN's ``off`` seed 0) computes these cases last, in
+its ``o_parity`` section: it applies each patch through its own ``apply`` for
+the "with" cases and puts vLLM's functions back after
+(tests/real/child_o_parity.py). Each test shows plain Python and -O differing
+without the patch, and the patch giving -O plain Python's behaviour, refusals
+included, and nothing more.
 """
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import pytest
 
-from harness import venv_python
-from helpers import hermetic_env, json_lines, run_python
+from harness import child
 
 pytestmark = pytest.mark.releases("0.29.0", "0.30.0", "0.33.0")
-CHILD = Path(__file__).resolve().parent / "child_o_parity.py"
 NO_BARRIER = "AttributeError: 'NoneType' object has no attribute 'barrier'"
 INTERLEAVE = ("AssertionError: Block_size(64) should be greater than or equal to and divisible "
               "by cp_kv_cache_interleave_size (128).")
 
 
-@functools.cache
-def _run(release, opt):
-    proc = run_python([str(CHILD)], python=venv_python(release), flags=["-O"] if opt else [],
-                      env=hermetic_env(KIMI_HOTFIX="0"), timeout=600)
-    found = json_lines(proc.stdout)
-    if not found:
-        raise AssertionError(f"no output from {CHILD.name} ({release}, -O={opt}):\n{proc.stderr}")
-    return found[-1]["sections"]
-
-
 def sections(release, opt):
-    out = _run(release, opt)
+    out = child(release, "off", "O" if opt else "plain")["o_parity"]
     broken = {k: v["error"] for k, v in out.items() if isinstance(v, dict) and set(v) == {"error"}}
     assert not broken, broken
     assert out["process"]["optimize"] == opt and out["process"]["vllm"] == release
+    assert out["process"]["kimi_hotfix"] == "0"  # the shim armed nothing by itself
     return out
 
 

@@ -5,12 +5,17 @@
 - multiprocessing spawn, fork and forkserver children import vLLM themselves
   and are patched (under -O: the child's merge keeps the DSpark capability
   while vLLM's own merge, called in the same child, drops it);
-- three threads importing the three target modules at once: one wrap each;
+- three threads importing three target modules at once: one wrap each;
 - wrapt missing (a venv that hides it): one warning, the shim inactive, vLLM
   works; strict mode fails the import;
 - KIMI_HOTFIX_DISABLE=*: nothing wrapped, the -O bug is back;
 - garbage in every variable at once: one warning per variable, defaults kept;
 - an exception inside kv_spec_merge's own code: logged once, saying what runs.
+Where a case is one process of vLLM with some environment, it is a
+configuration of harness.PLAN (tests/real/child.py): the threads are
+PYTHONOPTIMIZE's run, KIMI_HOTFIX_DISABLE=* is the unpatched -O seed-1 run on
+0.29.0, the garbage is the -O seed-2 run; their start-up log is read apart from
+what the child's sections log after it.
 Cases without vLLM (stand-ins: missing targets, the chained sitecustomize,
 garbage per variable) are in tests/unit.
 """
@@ -21,7 +26,7 @@ import json
 
 import pytest
 
-from harness import child, venv_python
+from harness import GARBAGE, child, venv_python
 from helpers import (
     PATCHES,
     REPO,
@@ -34,9 +39,10 @@ from helpers import (
     summaries,
     warning_lines,
 )
-from standins.venvs import layered_venv, site_dirs
+from standins.venvs import layered_venv, site_dirs, visible
 
 PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
+CAPABILITY = "non_causal_multi_token_decode"
 KV_REPORT = (
     "import vllm.v1.kv_cache_interface as kv\n"
     + PRELUDE
@@ -119,49 +125,22 @@ def test_multiprocessing_children_are_patched(tmp_path, release, method):
     assert line_states(lines[kid["pid"]][-1]) == dict.fromkeys(PATCHES, "applied")
 
 
-THREADS = (
-    "import importlib, threading, time\n"
-    "import typing, dataclasses, logging, inspect, ast, re, json\n"
-    "import vllm\n"  # arms the shim; then three threads import the targets at once
-    "targets = ('vllm.v1.kv_cache_interface', 'vllm.v1.worker.gpu.cudagraph_utils',\n"
-    "           'vllm.models.kimi_k3.nvidia.kda_metadata')\n"
-    "barrier = threading.Barrier(len(targets))\n"
-    "errors = []\n"
-    "def load(name):\n"
-    "    barrier.wait()\n"
-    "    try:\n"
-    "        importlib.import_module(name)\n"
-    "    except BaseException as exc:\n"
-    "        errors.append(repr(exc))\n"
-    "threads = [threading.Thread(target=load, args=(t,)) for t in targets]\n"
-    "[t.start() for t in threads]\n"
-    "[t.join() for t in threads]\n"
-    + PRELUDE
-    + "from kimi_hotfix import core\n"
-    "deadline = time.monotonic() + 120\n"
-    "while any(s.kind == 'pending' for s in core.states().values()) and time.monotonic() < deadline:\n"
-    "    time.sleep(0.05)\n"
-    "mechanics.emit(mechanics.report(errors=errors))\n"
-)
-
-
 @pytest.mark.releases("0.29.0")
 def test_threads_importing_vllm_at_once_wrap_once(release):
-    """Three threads import the three target modules at once, so the three hooks
-    settle concurrently. ``vllm`` itself (and the stdlib a threaded program has
-    loaded) is imported first: threads racing through vLLM's own first import
-    can be handed a half-initialized vLLM module by CPython's deadlock
-    avoidance (``cannot import name 'init_logger' from partially initialized
-    module 'vllm.logger'``), a property of vLLM's import graph, not of the shim.
-    Arming while another thread is mid-import of a target is
+    """Three threads import three target modules at once, so their hooks settle
+    concurrently (harness.PLAN's PYTHONOPTIMIZE run; tests/real/child.py,
+    spec "threads"). ``vllm`` itself is imported first: threads racing
+    through vLLM's own first import can be handed a half-initialized vLLM module by
+    CPython's deadlock avoidance (``cannot import name 'init_logger' from partially
+    initialized module 'vllm.logger'``), a property of vLLM's import graph, not of
+    the shim. Arming while another thread is mid-import of a target is
     tests/unit/test_bootstrap.py::test_arming_while_another_thread_imports_a_target."""
-    proc = run_python(["-c", THREADS], python=venv_python(release), flags=["-O"])
-    out = json_lines(proc.stdout)[0]
-    assert out["errors"] == []
-    assert out["armed_by"] == ["sitecustomize"]
-    assert out["kinds"] == {p: "applied" for p in PATCHES}
-    assert one_layer_each(out["wrapped"], out["recorded"])
-    (lines,) = summaries(proc.stderr).values()
+    run = child(release, "pyoptimize", "plain", 1)
+    assert run["process"]["thread_import_errors"] == []
+    assert run.kinds == {p: "applied" for p in PATCHES}
+    wrapped = run["wrapped"]
+    assert one_layer_each(wrapped["layers"], wrapped["recorded"])
+    (lines,) = summaries(run.start_stderr).values()
     assert line_states(lines[-1]) == dict.fromkeys(PATCHES, "applied")
 
 
@@ -171,9 +150,9 @@ def no_wrapt_python(tmp_path_factory):
     base = venv_python("0.29.0")
     dest = tmp_path_factory.mktemp("no-wrapt") / "venv"
     python = layered_venv(dest, base, site_dirs(base), hide=("wrapt", "wrapt-*"))
-    probe = run_python(["-c", "import vllm, torch; import wrapt"], python=python,
-                       env=hermetic_env(shim=False), check=False)
-    assert "ModuleNotFoundError: No module named 'wrapt'" in probe.stderr, probe.stderr
+    # it sees vLLM and torch, not wrapt (found or not, nothing imported)
+    assert visible(python, ["vllm", "torch", "wrapt"]) == {"vllm": True, "torch": True,
+                                                          "wrapt": False}
     return python
 
 
@@ -210,34 +189,31 @@ def test_wrapt_missing_strict_raises(release, no_wrapt_python):
 
 @pytest.mark.releases("0.29.0")
 def test_disable_star_leaves_vllm_unwrapped(release):
-    proc = run_python(["-c", KV_REPORT], python=venv_python(release), flags=["-O"],
-                      env=hermetic_env(KIMI_HOTFIX_DISABLE="*"))
-    out = json_lines(proc.stdout)[0]
-    assert out["wrapped"] == {} and out["recorded"] == {}
-    assert set(out["states"].values()) == {"disabled (KIMI_HOTFIX_DISABLE)"}
-    assert out["capability"] is False and out["vllm_own_merge_capability"] is False
-    (lines,) = summaries(proc.stderr).values()
+    run = child(release, "disable", "O", 1)
+    assert run["wrapped"]["layers"] == {} and run["wrapped"]["recorded"] == {}
+    assert set(run.states.values()) == {"disabled (KIMI_HOTFIX_DISABLE)"}
+    assert run["kv"]["merge"][CAPABILITY] is False  # the -O bug: the draft lost it
+    assert run["battery"]["original_capability_merge"] is False  # vLLM's own, same process
+    (lines,) = summaries(run.start_stderr).values()
     assert lines == [lines[0]] and lines[0].endswith(
         " | ".join(f"{p}: disabled (KIMI_HOTFIX_DISABLE)" for p in PATCHES))
-    assert warning_lines(proc.stderr) == []
+    assert warning_lines(run.start_stderr) == []
 
 
 @pytest.mark.releases("0.29.0")
 def test_garbage_everywhere_with_real_vllm(release):
-    env = hermetic_env(KIMI_HOTFIX="jä✓", KIMI_HOTFIX_DISABLE="kv_spec_mergé",
-                       KIMI_HOTFIX_FORCE="x" * 100_000, KIMI_HOTFIX_STRICT="sometimes",
-                       KIMI_HOTFIX_LOG_LEVEL="loud")
-    proc = run_python(["-c", KV_REPORT], python=venv_python(release), flags=["-O"], env=env)
-    out = json_lines(proc.stdout)[0]
+    run = child(release, "garbage", "O", 2)  # harness.GARBAGE in every toggle
     # an unknown KIMI_HOTFIX fails closed: off, vLLM's own (-O) merge runs, no crash
-    assert out["states"]["kv_spec_merge"] == "disabled (KIMI_HOTFIX=jä✓)"
-    assert out["capability"] is out["vllm_own_merge_capability"] is False
-    warnings = warning_lines(proc.stderr)
-    assert len(warnings) == len(TOGGLES), proc.stderr[:3000]
+    off = f"disabled (KIMI_HOTFIX={GARBAGE['KIMI_HOTFIX']})"
+    assert run.states == dict.fromkeys(PATCHES, off), run.states
+    assert run["kv"]["merge"].get(CAPABILITY) is not True  # vLLM's own -O merge: the bug
+    assert not any(run["wrapped"]["merge"].values())
+    warnings = warning_lines(run.start_stderr)
+    assert len(warnings) == len(TOGGLES), run.start_stderr[:3000]
     for var, warning in zip(TOGGLES, warnings):
         assert f"{var}=" in warning or f"{var}:" in warning
-    (lines,) = summaries(proc.stderr).values()  # INFO level kept
-    assert "kv_spec_merge: disabled" in lines[-1]
+    (lines,) = summaries(run.start_stderr).values()  # INFO level kept
+    assert line_states(lines[-1]) == dict.fromkeys(PATCHES, off)
 
 
 @pytest.mark.releases("0.29.0")

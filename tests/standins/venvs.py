@@ -50,6 +50,17 @@ def site_dirs(python: str) -> list:
     return [Path(line) for line in out.stdout.splitlines() if line]
 
 
+def visible(python: str, names) -> dict:
+    """name -> whether ``python`` (no PYTHONPATH) finds that top-level module,
+    without importing it (importing vLLM costs seconds)."""
+    out = subprocess.run(
+        [python, "-c", "import importlib.util as u, sys\n"
+                       "print(' '.join(str(u.find_spec(m) is not None) for m in sys.argv[1:]))",
+         *names], capture_output=True, text=True, check=True, env={"PATH": os.environ.get("PATH", "")},
+    )
+    return dict(zip(names, (word == "True" for word in out.stdout.split())))
+
+
 def overlay(dest: Path, sources, hide=()) -> Path:
     """A directory of symlinks to the entries of ``sources``, minus ``hide``
     (fnmatch patterns on entry names)."""

@@ -52,7 +52,38 @@ def test_each_patch_module_documents_itself(name):
     assert patch.wraps and patch.symptoms
     for qualname in patch.wraps:  # machine-readable: preflight walks them in the target
         assert re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", qualname), qualname
-    assert patch.fixed_in in doc and patch.upstream.split()[0] in doc
+    upstream_says(name, patch, doc)
+
+
+RELEASE = r"\d+\.\d+\.\d+"
+
+
+def upstream_says(name, patch, doc):
+    """The header's Upstream: paragraph agrees with the metadata the README
+    table and ``check`` show: the PR it cites; the release that fixes it, or,
+    with no fixed release, that none does (up to which release) and the file
+    under upstream/ holding the fix, which exists."""
+    found = re.search(r"^Upstream:(.*?)(?=^Needed when)", doc, re.S | re.M)
+    assert found, f"{name}: no Upstream: paragraph before Needed when"
+    says = " ".join(found.group(1).split())
+    for pr in re.findall(r"PR #\d+", patch.upstream):
+        assert pr in says, f"{name}: header does not cite {pr}: {says}"
+    files = re.findall(r"upstream/[\w.-]+\.patch", patch.upstream)
+    for rel in files:
+        assert (REPO / rel).is_file(), f"{name}: {rel} does not exist"
+        assert rel in says, f"{name}: header does not name {rel}: {says}"
+    if patch.fixed_in:
+        assert re.fullmatch(RELEASE, patch.fixed_in), patch.fixed_in
+        assert re.search(r"PR #\d+", patch.upstream), f"{name}: fixed, but cites no PR"
+        assert re.search(rf"(?<![\d.]){re.escape(patch.fixed_in)}(?!\.?\d)", says), (
+            f"{name}: header does not name {patch.fixed_in}: {says}")
+        assert not re.search(r"no release|not fixed|no PR", says), f"{name}: {says}"
+    else:
+        assert re.search(rf"no release up to {RELEASE}", says), (
+            f"{name}: no fixed release, and the header does not say so: {says}")
+        assert files, f"{name}: no fixed release and no upstream/ patch cited: {patch.upstream}"
+        if patch.upstream.startswith("no PR"):
+            assert says.startswith("no PR yet"), f"{name}: {says}"
 
 
 def _imports(path):

@@ -70,3 +70,18 @@ def test_a_strict_typo_keeps_strict_mode_off(flags):
     assert any("KIMI_HOTFIX_STRICT='ture' is not understood" in w and w.endswith("using off")
                for w in warnings), warnings
     assert "failed" in set(line_states(final_summary(proc.stderr)).values())
+
+
+def test_a_long_unknown_kill_switch_value_is_cut_in_the_state():
+    """A pathological value (10,000 characters) turns the shim off like any
+    other, and the state (so every summary line) quotes it cut to 60 characters,
+    as the warning does: no 10 KB line per state change."""
+    value = "x" * 10_000
+    env = hermetic_env(KIMI_HOTFIX=value)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDINS / "vllm_complete")])
+    proc = run_python(["-c", IMPORT_TARGETS + PRELUDE + "mechanics.emit(mechanics.report())\n"],
+                      flags=["-O"], env=env)
+    out = json_lines(proc.stdout)[0]
+    cut = f"disabled (KIMI_HOTFIX={'x' * 60}... (10000 characters))"
+    assert out["states"] == dict.fromkeys(PATCHES, cut)
+    assert max(len(line) for line in proc.stderr.splitlines()) < 2000

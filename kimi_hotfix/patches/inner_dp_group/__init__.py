@@ -22,7 +22,8 @@ AssertionError is plain-Python behaviour, not a new failure: every other caller
 (the multiprocessing executor, at start-up) fails under plain Python too.
 
 Upstream: no PR yet; fixed by no release up to 0.33.0 (measured: 0.29.0, 0.30.0,
-0.33.0 have the same getter). upstream/0002-* has the fix for vLLM.
+0.33.0 have the same getter). The fix for vLLM:
+upstream/0002-parallel-state-inner-dp-getter-explicit-check.patch.
 
 Needed when (``check``): under ``-O``, the getter's source still holds an
 ``assert`` (a structural check on its parsed source). Without ``-O`` the assert
