@@ -21,7 +21,9 @@ BROKEN = 1  # the exit status of ``status`` where the shim's own files cannot lo
 
 
 def _cause(exc) -> str:
-    """``Type: message`` and where: a SyntaxError's file, else the last frame."""
+    """``Type: message`` and where: a SyntaxError's file, else the last frame.
+    A copy of ``kimi_hotfix.base.describe`` on purpose: base may be the file
+    that cannot load."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
     text = f"{type(exc).__name__}: {exc}"

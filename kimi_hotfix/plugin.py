@@ -31,7 +31,8 @@ def register() -> None:
 def inactive(exc):
     """Log INACTIVE as kimi_hotfix.messages would (FORMAT, stderr, the level
     KIMI_HOTFIX_LOG_LEVEL allows), without it: it may be what is broken.
-    Returns True in strict mode (the caller raises)."""
+    Returns True in strict mode (the caller raises). The same function is in
+    sitecustomize.py on purpose: each entry point may be the only one present."""
     import logging
     import os
 
