@@ -88,8 +88,9 @@ def fire():
 def inactive(exc):
     """Log INACTIVE as kimi_hotfix.messages would (FORMAT, stderr, the level
     KIMI_HOTFIX_LOG_LEVEL allows), without it: it may be what is broken.
-    Returns True in strict mode (the caller raises). The same function is in
-    kimi_hotfix/plugin.py on purpose: each entry point may be the only one present."""
+    Returns True in strict mode (the caller raises). sitecustomize.py and
+    kimi_hotfix/plugin.py each hold this function (tests/unit/test_registry.py
+    keeps them equal): each entry point may be the only one present."""
     import logging
     import os
 
