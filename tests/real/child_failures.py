@@ -86,8 +86,64 @@ def capture(core):
     with core.toggled(patch.PATCH.name, True):
         failing = _outcome(lambda: _swapped(patch, "clamped_view", plan))
         read_only = _outcome(lambda: _read_only_manager(plan))
+        counted = core.states()[patch.PATCH.name].as_dict()["failures"]
+        own_raise = _vllm_raises()
+        own_raise["failures_counted"] = (core.states()[patch.PATCH.name].as_dict()["failures"]
+                                         - counted)
+    with core.toggled(patch.PATCH.name, False):
+        own_raise_unpatched = _vllm_raises()
     return {"vllm_own": own, "failing": failing, "read_only": read_only,
-            "view_writes": _view_writes(patch)}
+            "view_writes": _view_writes(patch),
+            "vllm_raises": {"patched": own_raise, "unpatched": own_raise_unpatched}}
+
+
+def _vllm_raises():
+    """vLLM's own ``_init_candidates`` raises part-way: the LoRA cases are a
+    list that raises on its third pass (``__init__``'s dispatch map, the
+    descriptor loop, then the candidate table, after ``_capture_descs`` is
+    filled). What reaches the caller, how many passes ran, the plan left."""
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    from kimi_hotfix.patches import _recoverssm as probing
+    from kimi_hotfix.patches.capture_workspace import probe
+
+    error = ValueError("raised by vLLM's own _init_candidates")
+
+    class Cases(list):
+        passes = 0
+
+        def __iter__(self):
+            Cases.passes += 1
+            if Cases.passes >= 3:
+                raise error
+            return super().__iter__()
+
+    mode = probing.graph_mode(probe.DEFAULT_MODE)
+    config = probing.vllm_config(**SEED)
+    probing.set_capture_sizes(config, mode)
+    managers = []
+
+    class Manager(CudaGraphManager):  # keeps the instance vLLM's __init__ was building
+        def __init__(self, *args, **kwargs):
+            managers.append(self)
+            super().__init__(*args, **kwargs)
+
+    with probing.cpu_graph_stubs():
+        try:
+            Manager(config, probing.device(), mode, 1 + SEED["num_spec"],
+                    lora_capture_cases=Cases([0]))
+            raised = None
+        except Exception as exc:
+            raised = exc
+    (manager,) = managers
+    return {
+        "raised_same_object": raised is error,
+        "raised": None if raised is None else f"{type(raised).__name__}: {raised}",
+        "passes": Cases.passes,
+        "plan": [len(getattr(manager, "_capture_descs", {})),
+                 len(getattr(manager, "_candidates", {}))],
+        "capture_modes": sorted(m.name for m in getattr(manager, "_capture_descs", {})),
+    }
 
 
 def _read_only_manager(plan):

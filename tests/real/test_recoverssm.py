@@ -266,6 +266,26 @@ def test_capture_failure_keeps_vllms_own_plan(release, flags):
 
 
 @pytest.mark.releases("0.29.0")
+@pytest.mark.parametrize("flags", FLAGS)
+def test_vllms_own_exception_under_the_view_is_vllms(release, flags):
+    """vLLM's own ``_init_candidates`` raises part-way (child_failures._vllm_raises):
+    with the patch on, the same exception object reaches the caller, vLLM's code
+    ran once (the same passes as unpatched), the plan it filled is kept, and
+    nothing is counted against the patch."""
+    run = child(release, "on", flags)
+    result = run["failures"]["capture_workspace"]["vllm_raises"]
+    patched, unpatched = result["patched"], result["unpatched"]
+    assert unpatched["raised"] == "ValueError: raised by vLLM's own _init_candidates"
+    assert unpatched["capture_modes"], unpatched  # vLLM had filled _capture_descs
+    assert patched["raised_same_object"] is True, patched
+    assert patched["raised"] == unpatched["raised"]
+    assert patched["passes"] == unpatched["passes"], result
+    assert patched["capture_modes"] == unpatched["capture_modes"], result
+    assert patched["plan"][0] == unpatched["plan"][0], result
+    assert patched["failures_counted"] == 0, patched
+
+
+@pytest.mark.releases("0.29.0")
 def test_wrapper_failures_show_in_the_state_and_the_line(release):
     """Each patch's own code failed on some calls (the failures section): the
     state counts them and names the first; the line says so, logged once more."""

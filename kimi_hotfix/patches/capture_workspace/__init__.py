@@ -19,10 +19,12 @@ same limit, so the plan (``_capture_descs`` and ``_candidates``) equals the one
 vLLM 0.30.0 builds. The view lives only for that call and takes any write
 itself: the shared ``CompilationConfig`` (also read by the speculator's manager)
 is never modified. With RecoverSSM off the call is passed through untouched.
-Everything the wrapper does runs inside its containment: if building the view,
-swapping it in, or the call under it fails, the manager's plan is rebuilt by
-vLLM's own ``_init_candidates`` on the shared config (its original behaviour,
-its own exceptions included) and the failure is counted and logged once.
+Everything the wrapper does runs inside its containment: if building the view
+or swapping it in fails, vLLM's own ``_init_candidates`` plans on the shared
+config (its original behaviour) and the failure is counted and logged once.
+What vLLM's own code raises under the view is vLLM's: it runs once, its
+exception reaches the caller unchanged, the plan stays as vLLM left it, and
+nothing is counted against the patch.
 
 Upstream: vllm-project/vllm PR #55774, released in 0.30.0.
 
@@ -107,25 +109,19 @@ def make_wrapper(ctx):
         try:
             shared = instance.compilation_config
             instance.compilation_config = view
+        except Exception as exc:  # the swap failed: vLLM plans on the shared config
+            ctx.failed(exc, INSTEAD)
+            return wrapped(*args, **kwargs)
+        try:
+            # vLLM's own code, run once; what it raises reaches its caller unchanged
+            return wrapped(*args, **kwargs)
+        finally:
             try:
-                return wrapped(*args, **kwargs)
-            finally:
                 instance.compilation_config = shared
-        except Exception as exc:  # the swap, or the call under the view
-            failure = exc
-        _reset_plan(instance)
-        ctx.failed(failure, INSTEAD)
-        return wrapped(*args, **kwargs)
+            except Exception as exc:  # the view stays: it reads through to the shared config
+                ctx.failed(exc, "the manager keeps reading the clamped view")
 
     return init_candidates_wrapper
-
-
-def _reset_plan(manager) -> None:
-    """Empty the tables a failed call may have half-filled (it extends them)."""
-    for name in ("_capture_descs", "_candidates"):
-        table = vars(manager).get(name)
-        if isinstance(table, dict):
-            table.clear()
 
 
 def _reads_field(node) -> bool:
