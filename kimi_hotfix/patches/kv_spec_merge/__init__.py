@@ -41,6 +41,7 @@ upstream/ of this repository): then the source check finds no assert.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 from kimi_hotfix import base, hardening, recompile, versions, wrapping
 
@@ -81,9 +82,17 @@ def asserted_merges(module) -> list:
 
 
 def _has_capability(cls) -> bool:
-    return dataclasses.is_dataclass(cls) and any(
-        f.name == CAPABILITY for f in dataclasses.fields(cls)
-    )
+    """Is the draft capability a dataclass field of ``cls``? Cached per class:
+    the merge wrapper asks for every spec it changes, on every call."""
+    known = _CAPABLE.get(cls)
+    if known is None:
+        known = dataclasses.is_dataclass(cls) and any(
+            f.name == CAPABILITY for f in dataclasses.fields(cls))
+        _CAPABLE[cls] = known
+    return known
+
+
+_CAPABLE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 
 
 def capability_merge(module) -> str:
@@ -201,11 +210,16 @@ def _make_wrapper(impl, hardened: bool, capability: bool, ctx):
 
 
 def _with_group_capability(args, kwargs):
+    """The specs with the group's capability (any member's) on every member
+    that has the field. Where no member has it on, nothing changes: the specs
+    pass as they are, with no copy (the common case, one scan)."""
     specs = args[0] if args else kwargs["specs"]
     group = any(getattr(spec, CAPABILITY, False) for spec in specs)
+    if not group:
+        return args, kwargs
     same = [
         dataclasses.replace(spec, **{CAPABILITY: group})
-        if _has_capability(type(spec)) and getattr(spec, CAPABILITY) != group
+        if getattr(spec, CAPABILITY, group) != group and _has_capability(type(spec))
         else spec
         for spec in specs
     ]
