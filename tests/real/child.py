@@ -128,8 +128,8 @@ if SPEC.get("threads"):  # vLLM first, then three targets imported by three thre
         _barrier.wait()
         try:
             importlib.import_module(name)
-        except BaseException as exc:
-            THREAD_ERRORS.append(repr(exc))
+        except BaseException:  # the whole traceback: a rare failure must be diagnosable
+            THREAD_ERRORS.append(traceback.format_exc()[-4000:])
 
     _threads = [threading.Thread(target=_load, args=(t,)) for t in cases.TARGETS[:3]]
     for _thread in _threads:
