@@ -113,7 +113,6 @@ def main(argv=None) -> int:
     print(text)
 
     try:
-        own(with_draft)
         own_does = f"keeps {getattr(own(with_draft), 'non_causal_multi_token_decode', None)!r}"
     except AssertionError:
         own_does = "refuses the group: AssertionError"
