@@ -17,10 +17,15 @@ the patch (the safe side) and warns. No lock is held while a patch's code runs.
 
 from __future__ import annotations
 
+import time
+
+_IMPORT_STARTED = time.perf_counter()  # importing this module counts as arming
+
 import atexit
 import contextlib
 import os
 import sys
+from dataclasses import replace
 from typing import Optional
 
 from kimi_hotfix import __version__, _wrapt, importwatch, messages, registry, state, wrapping
@@ -31,7 +36,6 @@ from kimi_hotfix.wrapping import MARKER, is_wrapped  # noqa: F401 (the public su
 
 patches = registry.patches
 patch_names = registry.names
-states = state.states
 armed_by = state.armed_by
 current_config = state.config
 
@@ -68,6 +72,10 @@ def arm(source: str = "api") -> dict:
     """Read the environment and register the post-import hooks, once per process.
     Returns the states. Raises only in strict mode. Logs one summary line for
     all it did (targets already imported settle at once)."""
+    global _IMPORT_STARTED
+    started, settled = time.perf_counter(), state.cost().get("settle", 0.0)
+    if _IMPORT_STARTED is not None:  # the first arm() counts this module's import too
+        started, _IMPORT_STARTED = _IMPORT_STARTED, None
     with state.batch():
         try:
             _arm(source)
@@ -78,11 +86,14 @@ def arm(source: str = "api") -> dict:
             why = f"{type(exc).__name__}: {exc}"
             if state.config() is None:  # failed before configuring: states must still say so
                 state.configure(_config_mod.Config(), {})
-            messages.setup(state.config().log_level)  # the line carries the usual prefix
+            messages.setup(state.config().log_level, state.config().log_format)  # the usual prefix
             state.fail_pending(f"arming failed: {why}")
             messages.emit(messages.ARMING_FAILED, why, exc_info=True)
             if _strict():
                 raise KimiHotfixError(f"arming failed: {why}") from exc
+        finally:  # the settles it ran count as settling
+            state.add_cost("arm", time.perf_counter() - started
+                           - (state.cost().get("settle", 0.0) - settled))
     return states()
 
 
@@ -93,7 +104,7 @@ def _arm(source: str) -> None:
             return
         cfg = _config_mod.parse(registry.names())
         state.configure(cfg, {name: initial_state(name, cfg) for name in registry.names()})
-    messages.setup(cfg.log_level)
+    messages.setup(cfg.log_level, cfg.log_format)
     for message, args in cfg.warnings:
         messages.emit(message, *args)
     broken = [name for name, s in states().items()
@@ -134,10 +145,11 @@ _metrics_tried = False
 def _install_metrics() -> None:
     """The states on vLLM's /metrics (kimi_hotfix.metrics): post-import hooks on
     prometheus_client and, after the patches' own hooks, on their targets.
-    Imports neither; not under KIMI_HOTFIX=0; once per process."""
+    Imports neither; once per process. Under KIMI_HOTFIX=0 too: the kill
+    switch shows (``enabled="false"``), where no series would look like no shim."""
     global _metrics_tried
     cfg = state.config()
-    if cfg is None or not cfg.enabled or _metrics_tried:
+    if cfg is None or _metrics_tried:
         return
     _metrics_tried = True  # a later arm() (the plugin after the bootstrap) tries nothing again
     try:
@@ -209,6 +221,7 @@ def settle(name: str, module) -> None:
     token = state.begin(name)
     if token is None:
         return
+    started = time.perf_counter()
     try:
         outcome, error = _decide_and_apply(name, registry.get(name), module, token.records)
     except Exception as exc:  # the shim's own code failed: contained
@@ -222,6 +235,7 @@ def settle(name: str, module) -> None:
         recompile = sys.modules.get("kimi_hotfix.recompile")
         if recompile is not None:
             recompile.forget()
+        state.add_cost("settle", time.perf_counter() - started)
     state.finish(name, token, outcome)
     state.log_if_changed()
     if error is not None:
@@ -275,6 +289,68 @@ def _decide_and_apply(name, patch, module, records) -> tuple:
     return State(Kind.APPLIED, "; ".join(parts)), error
 
 
+# -- re-imports ------------------------------------------------------------------------
+
+
+def _reachable(rec) -> bool:
+    """Does vLLM still reach what the record wrapped: the attribute holds the
+    wrapper, and its owner is what its module (in sys.modules) names? False
+    after ``importlib.reload`` or a fresh import of the module (new objects)."""
+    if vars(rec.owner).get(rec.attr) is not rec.wrapper:
+        return False
+    if isinstance(rec.owner, type(sys)):
+        found = sys.modules.get(rec.owner.__name__)
+        return found is None or found is rec.owner  # removed, not re-imported yet: still in use
+    found = sys.modules.get(rec.owner.__module__)
+    if found is None:
+        return True
+    for part in rec.owner.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is rec.owner
+
+
+_retired: dict = {}  # name -> records on the objects a re-import replaced
+
+
+def _settle_reimported() -> None:
+    """An applied patch whose module was reloaded or imported afresh settles
+    again on the new objects (what it wrapped before stays wrapped, and is
+    undone with the rest), and its state says so: no ``applied`` is stale."""
+    for name in registry.names():
+        if state.get(name).kind != Kind.APPLIED:
+            continue
+        old = state.records(name)
+        if not old or all(_reachable(rec) for rec in old):
+            continue
+        target = registry.get(name).target
+        try:
+            state.put(name, State(Kind.PENDING), records=[])
+            with state.batch():
+                module = sys.modules.get(target)
+                if module is not None:
+                    settle(name, module)
+                else:
+                    load_wrapt().register_post_import_hook(_hook(name), target)
+                now = state.get(name)
+                note = f"settled again: {target} was re-imported"
+                if now.kind != Kind.PENDING:
+                    now = replace(now, detail="; ".join(filter(None, [now.detail, note])))
+                state.put(name, now)
+                _retired.setdefault(name, []).extend(old)  # undo() puts them back too
+        except KimiHotfixError:
+            raise
+        except Exception as exc:
+            _contained_hook_failure(name, exc)
+
+
+def states() -> dict:
+    """name -> State in this process (a patch whose module was re-imported
+    settles again first)."""
+    if state.config() is not None:
+        _settle_reimported()
+    return state.states()
+
+
 # -- toggling and rollback ------------------------------------------------------------
 
 
@@ -321,7 +397,7 @@ def undo(name: Optional[str] = None) -> dict:
     for patch_name in [name] if name else list(registry.names()):
         if state.mark_undone(patch_name) != "installed":
             continue
-        records = state.pop_records(patch_name)
+        records = state.pop_records(patch_name) + _retired.pop(patch_name, [])
         left = wrapping.uninstall(records)
         for rec in left:
             messages.emit(messages.UNDO_INCOMPLETE, patch_name, rec.qualname)

@@ -15,14 +15,16 @@ This module gives a named vLLM function its plain-Python behaviour back:
   against the running code first; PatchError otherwise);
 - ``OnFirstCall(name, funcs).wrapper(func)``: a wrapper for ``wrap()`` that
   hardens the functions the first time one of them is called, not when vLLM
-  imports them. The functions hardened here run once or rarely (start-up checks, a barrier's
+  imports them (their source must be there when they are wrapped: PatchError
+  otherwise, so the patch reads ``failed`` at once, not ``applied``). The
+  functions hardened here run once or rarely (start-up checks, a barrier's
   group lookup) and their modules are large: recompiling means parsing the
   whole module (30 to 80 ms for vllm/config/vllm.py or
   vllm/distributed/parallel_state.py), which only the process that calls the
   function should pay (bench/o_parity_mechanism.py). If hardening fails on that
-  first call (the source does not match the running code), the wrapper logs
-  once (``ctx.failed``), runs vLLM's own function from then on, and strict mode
-  raises.
+  first call (the source does not match the running code), the wrapper runs
+  vLLM's own function from then on and reports every such call
+  (``ctx.failed``: counted in the state, logged once; strict mode raises).
 
 The AssertionError raised is the one plain Python raises: same type, same
 message, same condition evaluated once. The rewrite keeps the function's
@@ -33,8 +35,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import linecache
 import os
 import threading
+import time
 import weakref
 
 from kimi_hotfix import recompile
@@ -112,7 +116,12 @@ class OnFirstCall:
 
     def __init__(self, ctx, funcs, instead="vLLM's own function runs (its asserts stripped by -O)"):
         self.ctx, self.name, self.funcs, self.instead = ctx, ctx.name, list(funcs), instead
+        for func in self.funcs:  # known now: without source there is nothing to recompile
+            if not linecache.getlines(func.__code__.co_filename, func.__globals__):
+                raise PatchError(f"source of {func.__qualname__} unavailable "
+                                 f"({func.__code__.co_filename}): nothing to recompile its asserts from")
         self.impls = None  # {func: hardened or None}, built on the first call
+        self.failure = None  # why the first call could not harden them
         self._lock = threading.RLock()
         _INSTANCES.add(self)
 
@@ -127,8 +136,11 @@ class OnFirstCall:
         return self.impls.get(func)
 
     def _build(self):
+        from kimi_hotfix import state
+
         impls = {}
         failure = None
+        started = time.perf_counter()
         try:
             for func in self.funcs:
                 impls[func] = recompile.recompile(func, AssertToRaise().visit, optimize=0)
@@ -136,14 +148,17 @@ class OnFirstCall:
             impls, failure = dict.fromkeys(self.funcs), exc
         finally:
             recompile.forget()  # the parsed module served these functions only
-        if failure is not None:
-            self.ctx.failed(failure, self.instead)  # strict mode raises
+            state.add_cost("first_call", time.perf_counter() - started)
+        self.failure = failure
+        if failure is None:
+            state.log_if_changed()  # publishes the cost (kimi_hotfix.metrics)
         return impls
 
     def wrapper(self, func):
         def first_call_wrapper(wrapped, instance, args, kwargs):
-            impl = self.impl(func)  # contains its own failures (strict mode raises)
-            if impl is None:
+            impl = self.impl(func)
+            if impl is None:  # every such call is counted (logged once; strict mode raises)
+                self.ctx.failed(self.failure, self.instead)
                 return wrapped(*args, **kwargs)
             if instance is None:
                 return impl(*args, **kwargs)

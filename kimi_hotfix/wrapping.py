@@ -17,6 +17,7 @@ they return the records they could not act on.
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -49,6 +50,48 @@ def is_wrapped(obj) -> bool:
     return owner_of(obj) is not None
 
 
+_classes: dict = {}  # wrapt module -> its FunctionWrapper subclass
+
+
+def wrapper_class(wrapt):
+    """wrapt's ``FunctionWrapper``, made to pickle, copy and deepcopy the way
+    the function it wraps does (wrapt's proxies refuse: NotImplementedError):
+    a function by reference, module and qualified name (so it unpickles as
+    whatever that attribute holds where it is loaded: the wrapper in a process
+    with the shim, vLLM's own function without); a bound method as
+    ``getattr(its self, its name)``, as Python pickles methods; copies are the
+    object itself, as for functions."""
+    found = _classes.get(wrapt)
+    if found is not None:
+        return found
+
+    def __reduce_ex__(self, protocol):
+        wrapped = self.__wrapped__
+        if getattr(wrapped, "__self__", None) is not None:  # a bound method
+            return wrapped.__reduce_ex__(protocol)
+        path, _, name = wrapped.__qualname__.rpartition(".")
+        if not path:  # a module's function: by reference
+            return name
+        owner = sys.modules[wrapped.__module__]  # a class's function: getattr(the class, name)
+        for part in path.split("."):
+            owner = getattr(owner, part)
+        return getattr, (owner, name)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    body = {"__reduce_ex__": __reduce_ex__, "__reduce__": lambda self: __reduce_ex__(self, 2),
+            "__copy__": __copy__, "__deepcopy__": __deepcopy__}
+    bound = type("KimiHotfixBoundWrapper", (wrapt.BoundFunctionWrapper,), dict(body))
+    found = type("KimiHotfixWrapper", (wrapt.FunctionWrapper,),
+                 {**body, "__bound_function_wrapper__": bound})
+    _classes[wrapt] = found
+    return found
+
+
 class PatchContext(Context):
     """``Context`` for one patch: its wraps go to ``records`` (shared with the
     core, so a fork can roll back a half-done apply); ``on_failure(name, exc,
@@ -69,7 +112,7 @@ class PatchContext(Context):
             raise PatchError(f"{getattr(owner, '__qualname__', owner)}.{attr} is not defined there")
         original = vars(owner)[attr]
         if replacement is None:
-            proxy = self._load_wrapt().FunctionWrapper(original, wrapper)
+            proxy = wrapper_class(self._load_wrapt())(original, wrapper)
         else:
             proxy = replacement
             proxy.__wrapped__ = original

@@ -86,13 +86,15 @@ if SPEC.get("cli"):  # first: nothing of the shim's or vLLM's imported yet
 sys.path.append(os.path.join(REPO, "tests", "standins"))  # mechanics (after start-up)
 import cases  # noqa: E402  (tests/real, this script's directory)
 
-if SPEC.get("no_source"):  # kda_metadata.py shipped as bytecode only: no source lines
+if SPEC.get("no_source"):  # these vLLM modules shipped as bytecode only: no source lines
     import linecache
 
     _getlines = linecache.getlines
+    _HIDDEN = ("vllm/models/kimi_k3/nvidia/kda_metadata.py", "vllm/distributed/parallel_state.py",
+               "vllm/config/vllm.py")
 
     def _hidden(filename, module_globals=None):
-        if filename.replace(os.sep, "/").endswith("vllm/models/kimi_k3/nvidia/kda_metadata.py"):
+        if filename.replace(os.sep, "/").endswith(_HIDDEN):
             return []
         return _getlines(filename, module_globals)
 
@@ -267,6 +269,40 @@ def check():
     rc, text = _capture(lambda: cli.main(["check", "--json"]))
     after = {name: str(s) for name, s in core.states().items()}
     return {"rc": rc, "stdout": text, "states_before": before, "states_after": after}
+
+
+@section("pickling")
+def pickling():
+    """What pickle, cloudpickle, copy and deepcopy do with each callable a patch
+    wraps, as code reaches it (through its class or module): "same" (the very
+    object back), "other" (another object), "error: Type" (issue 20 item 12)."""
+    import copy
+    import pickle
+
+    import cloudpickle
+    from vllm.config import vllm as config_vllm
+    from vllm.distributed import parallel_state
+
+    ways = {"pickle": lambda o: pickle.loads(pickle.dumps(o)),
+            "cloudpickle": lambda o: cloudpickle.loads(cloudpickle.dumps(o)),
+            "copy": copy.copy, "deepcopy": copy.deepcopy}
+    found = {"MLAAttentionSpec.merge": kvi.MLAAttentionSpec.merge,
+             "FullAttentionSpec.merge": kvi.FullAttentionSpec.merge,
+             "get_inner_dp_world_group": parallel_state.get_inner_dp_world_group,
+             "VllmConfig.__post_init__": config_vllm.VllmConfig.__post_init__,
+             "CudaGraphManager._init_candidates": cudagraph_utils.CudaGraphManager._init_candidates,
+             "KimiK3KDAMetadataBuilder.build": kda_metadata.KimiK3KDAMetadataBuilder.build}
+    out = {}
+    for name, obj in found.items():
+        row = {"wrapped": core.is_wrapped(obj)}
+        for how, way in ways.items():
+            try:
+                back = way(obj)
+                row[how] = "same" if back is obj or back == obj else "other"
+            except Exception as exc:
+                row[how] = f"error: {type(exc).__name__}"
+        out[name] = row
+    return out
 
 
 @section("failures")

@@ -233,3 +233,75 @@ def test_kv_helper_failure_says_what_runs_instead(release, opt):
     assert ("the rebuilt merge (asserts as explicit raises) runs without the group capability"
             in failures[0])
     assert run.failures_stderr.count("RuntimeError: injected failure in the patch code") >= 2
+
+
+@pytest.mark.releases("0.29.0")
+def test_patched_callables_pickle_and_copy_wherever_vllms_own_do(release):
+    """Issue 20 item 12: wrapt's proxies refuse pickling (NotImplementedError);
+    the shim's wrappers pickle, cloudpickle, copy and deepcopy wherever vLLM's
+    own callables do, and pickle, copy and deepcopy give the very object back
+    where vLLM's do (by reference: whatever the attribute holds where it is
+    loaded). cloudpickle may rebuild a class's function by value (vLLM's own
+    code): it looks the object up by identity and the class hands out a new
+    bound wrapper at each access."""
+    ours, own = child(release, "on", "O")["pickling"], child(release, "off", "O")["pickling"]
+    assert set(ours) == set(own)
+    assert sum(row["wrapped"] for row in ours.values()) >= 4, ours  # applied under -O
+    for name, row in ours.items():
+        assert not own[name]["wrapped"], own
+        for how in ("pickle", "cloudpickle", "copy", "deepcopy"):
+            assert row[how].startswith("error") == own[name][how].startswith("error"), (name, how, row, own)
+            if how != "cloudpickle" and own[name][how] == "same":
+                assert row[how] == "same", (name, how, row)
+
+
+REIMPORT_SCRIPT = """
+import importlib, json, sys
+import vllm.v1.kv_cache_interface as kvi
+import vllm.config.vllm
+from kimi_hotfix import core
+
+def show():
+    states = core.states()
+    kv = sys.modules["vllm.v1.kv_cache_interface"]
+    config = sys.modules["vllm.config.vllm"].VllmConfig
+    return {"kv_spec_merge": str(states["kv_spec_merge"]),
+            "merge_wrapped": core.is_wrapped(vars(kv.MLAAttentionSpec)["merge"]),
+            "config_checks": str(states["config_checks"]),
+            "config_wrapped": any(core.is_wrapped(v) for v in vars(config).values())}
+
+old_class = kvi.MLAAttentionSpec
+out = {"before": show()}
+importlib.reload(kvi)
+out["reloaded"] = show()
+del sys.modules["vllm.config.vllm"]
+import vllm.config.vllm
+out["reimported"] = show()
+out["old_class_wrapped"] = core.is_wrapped(vars(old_class)["merge"])
+core.undo()
+out["undone"] = show()
+out["old_class_wrapped_after_undo"] = core.is_wrapped(vars(old_class)["merge"])
+print("KIMI_JSON:" + json.dumps(out))
+"""
+
+
+@pytest.mark.releases("0.29.0")
+def test_a_reloaded_or_reimported_module_is_settled_again_never_stale(release, tmp_path):
+    """Issue 20 item 5: after ``importlib.reload`` (kv_cache_interface) or a
+    fresh import (vllm.config.vllm) the classes are vLLM's own again;
+    the patch settles again on them when its state is read (the state says so),
+    so ``applied`` is never stale; undo() puts back the old objects too."""
+    script = tmp_path / "reimport.py"
+    script.write_text(REIMPORT_SCRIPT)
+    proc = run_python([str(script)], python=venv_python(release), flags=["-O"])
+    (out,) = json_lines(proc.stdout)
+    for phase in ("before", "reloaded", "reimported"):
+        seen = out[phase]
+        assert seen["merge_wrapped"] and seen["config_wrapped"], (phase, seen)
+        assert seen["kv_spec_merge"].startswith("applied"), (phase, seen)
+        assert seen["config_checks"].startswith("applied"), (phase, seen)
+    assert "re-imported" in out["reloaded"]["kv_spec_merge"], out["reloaded"]
+    assert "re-imported" in out["reimported"]["config_checks"], out["reimported"]
+    assert out["old_class_wrapped"] is True  # what old code still holds stays patched
+    assert out["undone"]["kv_spec_merge"].startswith("disabled (undone")
+    assert not out["undone"]["merge_wrapped"] and out["old_class_wrapped_after_undo"] is False
