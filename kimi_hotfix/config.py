@@ -5,6 +5,7 @@ KIMI_HOTFIX_DISABLE   comma-separated patch names to skip; ``*`` skips all
 KIMI_HOTFIX_FORCE     comma-separated patch names to apply even where vLLM looks fixed
 KIMI_HOTFIX_STRICT    1: a patch that should apply but cannot raises at import
 KIMI_HOTFIX_LOG_LEVEL level of the ``kimi_hotfix`` logger (default INFO)
+KIMI_HOTFIX_LOG_FORMAT text (default) or json: one JSON object per line
 
 Values: case and surrounding spaces are ignored; unset and empty are the same.
 Nothing here raises: a value that cannot be parsed yields one warning that lists
@@ -29,6 +30,7 @@ from kimi_hotfix import messages
 TRUE = ("1", "on", "true", "yes")
 FALSE = ("0", "off", "false", "no")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Config:
     forced: frozenset = frozenset()
     strict: bool = False
     log_level: str = "INFO"
+    log_format: str = "text"
     warnings: tuple = field(default=())
     raw: tuple = ()  # (name, value) pairs of the variables that were set
 
@@ -114,9 +117,16 @@ def parse(valid_names, environ=None) -> Config:
     strict = _flag("KIMI_HOTFIX_STRICT", env.get("KIMI_HOTFIX_STRICT"), False, warnings)
     level = (env.get("KIMI_HOTFIX_LOG_LEVEL") or "").strip().upper() or "INFO"  # blank = unset
     if level not in LEVELS:
-        warnings.append((messages.CONFIG_LEVEL, (_shown(env.get("KIMI_HOTFIX_LOG_LEVEL")),
-                                                 ", ".join(LEVELS))))
+        warnings.append((messages.CONFIG_LEVEL, ("KIMI_HOTFIX_LOG_LEVEL",
+                                                 _shown(env.get("KIMI_HOTFIX_LOG_LEVEL")),
+                                                 ", ".join(LEVELS), "INFO")))
         level = "INFO"
+    log_format = (env.get("KIMI_HOTFIX_LOG_FORMAT") or "").strip().lower() or "text"
+    if log_format not in FORMATS:
+        warnings.append((messages.CONFIG_LEVEL, ("KIMI_HOTFIX_LOG_FORMAT",
+                                                 _shown(env.get("KIMI_HOTFIX_LOG_FORMAT")),
+                                                 ", ".join(FORMATS), "text")))
+        log_format = "text"
     raw = tuple(
         (k, env[k])
         for k in (
@@ -125,7 +135,8 @@ def parse(valid_names, environ=None) -> Config:
             "KIMI_HOTFIX_FORCE",
             "KIMI_HOTFIX_STRICT",
             "KIMI_HOTFIX_LOG_LEVEL",
+            "KIMI_HOTFIX_LOG_FORMAT",
         )
         if k in env
     )
-    return Config(enabled, disabled, forced, strict, level, tuple(warnings), raw)
+    return Config(enabled, disabled, forced, strict, level, log_format, tuple(warnings), raw)

