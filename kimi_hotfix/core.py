@@ -296,7 +296,7 @@ def _reachable(rec) -> bool:
     """Does vLLM still reach what the record wrapped: the attribute holds the
     wrapper, and its owner is what its module (in sys.modules) names? False
     after ``importlib.reload`` or a fresh import of the module (new objects)."""
-    if vars(rec.owner).get(rec.attr) is not rec.wrapper:
+    if not wrapping.holds(rec, rec.wrapper):
         return False
     if isinstance(rec.owner, type(sys)):
         found = sys.modules.get(rec.owner.__name__)

@@ -34,14 +34,14 @@ name, defaults, annotations, ``__dict__`` and line numbers.
 from __future__ import annotations
 
 import ast
-import inspect
 import linecache
 import os
 import threading
 import time
+import types
 import weakref
 
-from kimi_hotfix import recompile
+from kimi_hotfix import recompile, wrapping
 from kimi_hotfix.base import PatchError
 
 
@@ -181,9 +181,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def require(owner, attr):
-    """``owner.attr`` as stored in its ``__dict__`` (a plain function), or PatchError."""
-    value = vars(owner).get(attr)
-    if value is None or not inspect.isfunction(value):
+    """vLLM's own function stored as ``owner.attr`` (beneath any other library's
+    wrapper: kimi_hotfix.wrapping.vllm_own), or PatchError."""
+    value = wrapping.vllm_own(owner, attr) if attr in vars(owner) else None
+    if value is None or type(value) is not types.FunctionType:
         where = getattr(owner, "__qualname__", getattr(owner, "__name__", owner))
         raise PatchError(f"{where}.{attr} not found (or not a plain function)")
     return value

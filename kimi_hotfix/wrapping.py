@@ -10,15 +10,31 @@ already carries the marker of this patch is left alone (wrapped already, by this
 or another copy of the shim: never twice); one that carries another patch's
 marker is refused (``PatchError``: the patch fails, all or nothing).
 
-``uninstall``/``reinstall`` act on records and touch an attribute only where it
-still holds what the record says (something else may have re-wrapped it since);
-they return the records they could not act on.
+Other instrumentation (an APM agent's wrapt ``FunctionWrapper``, a
+``functools.wraps`` wrapper in another package) may wrap the same attribute,
+before the shim or after it. ``chain(owner, attr)`` follows such wrappers down
+to vLLM's own object: each step is a *slot* the shim can rewrite (the
+attribute; a proxy's ``__wrapped__``; the closure cell a ``functools.wraps``
+wrapper calls through). ``vllm_own`` is what the patches' decisions read;
+``wrap`` installs the shim's wrapper in the slot that holds vLLM's own object,
+beneath the other wrappers, so they keep running and the shim's still runs;
+where no slot reaches it (a closure with no single cell holding it), the patch
+fails (PatchError) rather than bypass the other library or run unpatched
+while saying ``applied``. A wrapper of vLLM's own package is vLLM's: the walk
+stops there.
+
+``uninstall``/``reinstall`` find the record's object in the chain, wherever
+it sits now (another library may have wrapped above it since), and rewrite
+only the slot that still holds it; they return the records they could not
+act on.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -26,6 +42,8 @@ from kimi_hotfix.base import Context, PatchError
 
 MARKER = "_self_kimi_hotfix_patch"  # on everything the shim installs: the owning patch's name
 _install_lock = threading.Lock()  # held for one check-and-set, never around patch code
+OUR_TYPES = ("KimiHotfixWrapper", "KimiHotfixBoundWrapper")  # wrapper_class's, in any copy
+MAX_DEPTH = 16  # wrappers followed down one attribute
 
 
 @dataclass
@@ -92,6 +110,141 @@ def wrapper_class(wrapt):
     return found
 
 
+# -- the chain of wrappers on one attribute ---------------------------------------------
+
+
+class _AttrSlot:
+    def __init__(self, owner, attr):
+        self.owner, self.attr = owner, attr
+
+    def get(self):
+        return vars(self.owner).get(self.attr)
+
+    def set(self, value):
+        setattr(self.owner, self.attr, value)
+
+
+class _ProxySlot:  # a wrapt-style proxy's __wrapped__ (settable)
+    def __init__(self, proxy):
+        self.proxy = proxy
+
+    def get(self):
+        return self.proxy.__wrapped__
+
+    def set(self, value):
+        self.proxy.__wrapped__ = value
+
+
+class _CellSlot:  # the closure cell a functools.wraps wrapper calls through
+    def __init__(self, cell):
+        self.cell = cell
+
+    def get(self):
+        return self.cell.cell_contents
+
+    def set(self, value):
+        self.cell.cell_contents = value
+
+
+def _home(owner) -> str:
+    """The directory (or file) of the owner's top-level package: vLLM's own code."""
+    name = owner.__name__ if isinstance(owner, types.ModuleType) else owner.__module__
+    top = sys.modules.get(name.split(".")[0])
+    path = getattr(top, "__file__", None) or ""
+    if os.path.basename(path) == "__init__.py":
+        return os.path.dirname(path) + os.sep
+    return path
+
+
+def own_marker(node) -> Optional[str]:
+    """The patch that installed this very object (never what it proxies)."""
+    if type(node).__name__ in OUR_TYPES:
+        return getattr(node, MARKER, None)
+    if type(node) is types.FunctionType:
+        found = node.__dict__.get(MARKER)
+        return found if isinstance(found, str) else None
+    return None
+
+
+def _is_proxy(node) -> bool:
+    if type(node) in (types.FunctionType, classmethod, staticmethod, types.MethodType):
+        return False
+    desc = getattr(type(node), "__wrapped__", None)
+    return desc is not None and hasattr(desc, "__set__")
+
+
+def _bottom(obj):
+    """What ``obj`` proxies, through every proxy (wrapt's, the shim's)."""
+    for _ in range(MAX_DEPTH):
+        if not _is_proxy(obj):
+            break
+        obj = obj.__wrapped__
+    return obj
+
+
+def _leads_to(obj, target) -> bool:
+    for _ in range(MAX_DEPTH):
+        if obj is target:
+            return True
+        if not _is_proxy(obj):
+            return False
+        obj = obj.__wrapped__
+    return False
+
+
+def _cell_below(func):
+    """The one closure cell through which the ``functools.wraps`` wrapper
+    ``func`` calls what it wraps: the cell whose object is (or proxies, the
+    shim's wrapper included) what its ``__wrapped__`` names, which is only a
+    hint (it is not updated when that cell is rewritten); None if not one."""
+    target = _bottom(func.__dict__["__wrapped__"])
+    cells = []
+    for cell in func.__closure__ or ():
+        try:
+            if _leads_to(cell.cell_contents, target):
+                cells.append(cell)
+        except ValueError:  # an empty cell
+            pass
+    return cells[0] if len(cells) == 1 else None
+
+
+def chain(owner, attr) -> list:
+    """[(slot or None, object)] from ``owner.attr`` down to vLLM's own object:
+    through proxies (any wrapt copy's, the shim's) and through other
+    packages' ``functools.wraps`` wrappers; a slot None: nothing can rewrite
+    that step (the walk ends there)."""
+    home = _home(owner)
+    slot = _AttrSlot(owner, attr)
+    node = slot.get()
+    out = [(slot, node)]
+    for _ in range(MAX_DEPTH):
+        if _is_proxy(node):
+            node, slot = node.__wrapped__, _ProxySlot(node)
+        elif (type(node) is types.FunctionType and "__wrapped__" in node.__dict__
+              and own_marker(node) is None and not node.__code__.co_filename.startswith(home)):
+            cell = _cell_below(node)
+            node, slot = ((cell.cell_contents, _CellSlot(cell)) if cell is not None
+                          else (node.__wrapped__, None))
+        else:
+            break
+        out.append((slot, node))
+        if slot is None:
+            break
+    return out
+
+
+def vllm_own(owner, attr):
+    """vLLM's own object beneath whatever wraps ``owner.attr`` (the attribute
+    itself where nothing does)."""
+    return chain(owner, attr)[-1][1]
+
+
+def _describe(node) -> str:
+    code = getattr(node, "__code__", None)
+    where = f" ({code.co_filename})" if type(node) is types.FunctionType and code else ""
+    return f"{getattr(node, '__module__', '?')}.{getattr(node, '__qualname__', type(node).__name__)}{where}"
+
+
 class PatchContext(Context):
     """``Context`` for one patch: its wraps go to ``records`` (shared with the
     core, so a fork can roll back a half-done apply); ``on_failure(name, exc,
@@ -110,7 +263,20 @@ class PatchContext(Context):
             raise PatchError("wrap() takes a wrapper or a replacement")
         if attr not in vars(owner):
             raise PatchError(f"{getattr(owner, '__qualname__', owner)}.{attr} is not defined there")
-        original = vars(owner)[attr]
+        qualname = Record(owner, attr, None, None).qualname
+        links = chain(owner, attr)
+        for _slot, node in links:
+            current = own_marker(node)
+            if current == self.name:
+                self.skipped.append(attr)
+                return None  # wrapped already, by this or another copy of the shim
+            if current is not None:
+                raise PatchError(f"{qualname} is already patched by kimi-hotfix patch {current!r}")
+        slot, original = links[-1]
+        if slot is None:
+            raise PatchError(f"{qualname} is wrapped by {_describe(links[-2][1])}, whose closure does "
+                             "not hold vLLM's own function in one cell: the shim cannot run "
+                             "beneath it")
         if replacement is None:
             proxy = wrapper_class(self._load_wrapt())(original, wrapper)
         else:
@@ -118,17 +284,9 @@ class PatchContext(Context):
             proxy.__wrapped__ = original
         setattr(proxy, MARKER, self.name)
         with _install_lock:
-            if vars(owner).get(attr) is not original:
-                raise PatchError(f"{Record(owner, attr, None, None).qualname} changed while "
-                                 "being patched")
-            current = owner_of(original)
-            if current == self.name:
-                self.skipped.append(attr)
-                return None  # wrapped already, by this or another copy of the shim
-            if current is not None:
-                raise PatchError(f"{Record(owner, attr, None, None).qualname} is already "
-                                 f"patched by kimi-hotfix patch {current!r}")
-            setattr(owner, attr, proxy)
+            if slot.get() is not original:
+                raise PatchError(f"{qualname} changed while being patched")
+            slot.set(proxy)
             self.records.append(Record(owner, attr, original, proxy))
         return proxy
 
@@ -136,14 +294,25 @@ class PatchContext(Context):
         self._on_failure(self.name, exc, instead)
 
 
+def holds(rec, obj) -> bool:
+    """Does the chain on the record's attribute hold ``obj`` (in a slot that can
+    be rewritten)?"""
+    return any(slot is not None and node is obj for slot, node in chain(rec.owner, rec.attr))
+
+
 def _swap(records: list, have: str, put: str) -> list:
-    """For each record (last first): where ``owner.attr`` still holds the
-    record's ``have`` object, set its ``put`` object; return those it did not."""
+    """For each record (last first): where the chain on ``owner.attr`` still
+    holds the record's ``have`` object (on the attribute, or beneath another
+    library's wrapper, or above one), put its ``put`` object in that slot;
+    return the records it could not act on."""
     left = []
     with _install_lock:
         for rec in reversed(records):
-            if vars(rec.owner).get(rec.attr) is getattr(rec, have):
-                setattr(rec.owner, rec.attr, getattr(rec, put))
+            target = getattr(rec, have)
+            for slot, node in chain(rec.owner, rec.attr):
+                if slot is not None and node is target:
+                    slot.set(getattr(rec, put))
+                    break
             else:
                 left.append(rec)
     return left

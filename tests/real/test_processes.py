@@ -23,6 +23,7 @@ garbage per variable) are in tests/unit.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -305,3 +306,107 @@ def test_a_reloaded_or_reimported_module_is_settled_again_never_stale(release, t
     assert out["old_class_wrapped"] is True  # what old code still holds stays patched
     assert out["undone"]["kv_spec_merge"].startswith("disabled (undone")
     assert not out["undone"]["merge_wrapped"] and out["old_class_wrapped_after_undo"] is False
+
+
+OTHER_LIBRARY = '''
+"""Another library's instrumentation, as APM agents install it: a functools.wraps
+wrapper (this file) on a module function, a wrapt FunctionWrapper on a classmethod."""
+import functools
+
+import wrapt
+
+CALLS = {"getter": 0, "merge": 0}
+
+
+def wrap_getter(module):
+    original = module.get_inner_dp_world_group
+
+    @functools.wraps(original)
+    def get_inner_dp_world_group(*args, **kwargs):
+        CALLS["getter"] += 1
+        return original(*args, **kwargs)
+
+    module.get_inner_dp_world_group = get_inner_dp_world_group
+
+
+def wrap_merge(module):
+    def merge(wrapped, instance, args, kwargs):
+        CALLS["merge"] += 1
+        return wrapped(*args, **kwargs)
+
+    wrapt.wrap_function_wrapper(module, "MLAAttentionSpec.merge", merge)
+'''
+COEXIST_SCRIPT = """
+import json, sys
+import wrapt
+import other_library
+FIRST = sys.argv[1] == "first"
+if FIRST:  # registered before vLLM arms the shim: these hooks run before the shim's
+    wrapt.register_post_import_hook(other_library.wrap_getter, "vllm.distributed.parallel_state")
+    wrapt.register_post_import_hook(other_library.wrap_merge, "vllm.v1.kv_cache_interface")
+import vllm
+import vllm.distributed.parallel_state as ps
+import vllm.v1.kv_cache_interface as kvi
+if not FIRST:  # the other library wraps what the shim wrapped
+    other_library.wrap_getter(ps)
+    other_library.wrap_merge(kvi)
+from kimi_hotfix import core
+from kimi_hotfix.patches.kv_spec_merge import capability_merge
+
+def phase():
+    before = dict(other_library.CALLS)
+    try:
+        getter = "returned %r" % (ps.get_inner_dp_world_group(),)
+    except AssertionError:
+        getter = "AssertionError"
+    states = core.states()
+    return {"getter": getter, "merge": capability_merge(kvi),
+            "calls": {k: other_library.CALLS[k] - before[k] for k in before},
+            "kv_spec_merge": str(states["kv_spec_merge"]),
+            "inner_dp_group": str(states["inner_dp_group"])}
+
+out = {"applied": phase()}
+core.undo()
+out["undone"] = phase()
+core.reapply()
+out["reapplied"] = phase()
+core.undo()
+out["undone_again"] = phase()
+print("KIMI_JSON:" + json.dumps(out))
+"""
+
+
+@pytest.mark.releases("0.29.0")
+@pytest.mark.parametrize("order", ["first", "after"])
+def test_other_instrumentation_keeps_running_and_the_states_stay_true(release, tmp_path, order):
+    """Issue 20 items 4 and 6: another library wraps the getter (functools.wraps,
+    in its own file) and MLAAttentionSpec.merge (wrapt), before the shim settles
+    or after. The decisions read vLLM's own functions beneath its wrappers
+    (applied, not "not needed"); the shim installs beneath them, so both run on
+    every call: -O gets plain Python's behaviour (the getter raises, the merge
+    keeps the draft capability) and the other library counts every call.
+    undo() takes the shim out from under (or from beneath) the other wrapper:
+    vLLM's -O behaviour is back, the other library still runs, and the state
+    is a clean "disabled (undone)" because it is true; reapply and undo again
+    stay true."""
+    (tmp_path / "other_library.py").write_text(OTHER_LIBRARY)
+    script = tmp_path / "coexist.py"
+    script.write_text(COEXIST_SCRIPT)
+    env = hermetic_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(tmp_path)])
+    proc = run_python([str(script), order], python=venv_python(release), flags=["-O"], env=env)
+    (out,) = json_lines(proc.stdout)
+    patched = {"getter": "AssertionError", "merge": "any"}
+    unpatched = {"getter": "returned None", "merge": "drops"}
+    for name, expect in (("applied", patched), ("undone", unpatched), ("reapplied", patched),
+                         ("undone_again", unpatched)):
+        seen = out[name]
+        assert {k: seen[k] for k in expect} == expect, (name, seen)
+        assert seen["calls"]["getter"] == 1 and seen["calls"]["merge"] >= 1, (name, seen)
+        for patch in ("kv_spec_merge", "inner_dp_group"):
+            state = seen[patch]
+            if expect is patched:
+                assert state.startswith("applied") and "not needed" not in state, (name, seen)
+            else:
+                assert state == "disabled (undone)", (name, seen)
+    assert "could not restore" not in proc.stderr, proc.stderr

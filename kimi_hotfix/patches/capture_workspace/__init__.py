@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import ast
 
-from kimi_hotfix import base, recompile
+from kimi_hotfix import base, recompile, wrapping
 
 # imported here, not in check(): a broken copy fails this patch as it loads
 # (``failed``), not as a check that "cannot tell" and applies anyway
@@ -168,7 +168,8 @@ class CaptureWorkspacePatch(base.Patch):
 
     def _method(self, module):
         manager = getattr(module, "CudaGraphManager", None)
-        method = vars(manager).get("_init_candidates") if manager is not None else None
+        method = (wrapping.vllm_own(manager, "_init_candidates")
+                  if manager is not None and "_init_candidates" in vars(manager) else None)
         if method is None:
             raise base.PatchError("CudaGraphManager._init_candidates not found")
         return manager, method

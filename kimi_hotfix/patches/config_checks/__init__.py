@@ -47,8 +47,8 @@ holds an ``assert`` other than a type-narrowing one (``isinstance(...)`` or
 hardening.checks). Type-narrowing asserts restate what vLLM's
 own code guarantees (a dtype already resolved, a list pydantic validated as
 ``list[int]``), refuse no configuration, and are what 0003 leaves. Without
-``-O`` the asserts are live: not affected. No source: cannot tell (applied;
-the first call then logs once and runs vLLM's own methods).
+``-O`` the asserts are live: not affected. No source: cannot tell, and
+nothing to recompile: ``failed`` (vLLM's own methods run).
 """
 
 from __future__ import annotations

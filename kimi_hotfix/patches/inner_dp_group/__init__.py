@@ -27,9 +27,10 @@ upstream/0002-parallel-state-inner-dp-getter-explicit-check.patch.
 
 Needed when (``check``): under ``-O``, the getter's source still holds an
 ``assert`` (a structural check on its parsed source). Without ``-O`` the assert
-is live: not affected. No getter: not affected. No source: cannot tell (the
-shim applies it; the first call then fails to recompile, logs once and runs
-vLLM's getter).
+is live: not affected. No getter: not affected. No source: cannot tell, and
+nothing to recompile: ``failed`` (vLLM's getter runs). Another library's
+wrapper on the getter: the decision reads vLLM's own function beneath it, and
+the shim installs beneath it (kimi_hotfix.wrapping.chain).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from __future__ import annotations
 import ast
 import inspect
 
-from kimi_hotfix import base, recompile
+from kimi_hotfix import base, recompile, wrapping
 
 _PARAMS = (
     "common_prefix_len",
@@ -243,7 +243,7 @@ class KDAOverlongRowsPatch(base.Patch):
     def check(self, module, optimize):
         builder = self._builder(module)
         try:
-            path, routes = structure(vars(builder)["build"])
+            path, routes = structure(wrapping.vllm_own(builder, "build"))
         except base.PatchError as exc:
             return base.cannot_tell(str(exc))
         if not path:
@@ -257,7 +257,8 @@ class KDAOverlongRowsPatch(base.Patch):
         builder = self._builder(module)
         if INLINE:
             try:
-                build = inline_build(vars(builder)["build"], lambda exc: ctx.failed(exc, INSTEAD))
+                build = inline_build(wrapping.vllm_own(builder, "build"),
+                                     lambda exc: ctx.failed(exc, INSTEAD))
             except base.PatchError as exc:
                 ctx.wrap(builder, "build", make_wrapper(ctx))
                 return f"wrapt wrapper: {exc}"

@@ -78,7 +78,16 @@ def merge_classes(module):
 def asserted_merges(module) -> list:
     """Names of the classes whose own merge guards with ``assert`` (source check;
     PatchError where a source is unavailable)."""
-    return [c.__name__ for c in merge_classes(module) if has_assert(vars(c)["merge"].__func__)]
+    return [c.__name__ for c in merge_classes(module) if has_assert(own_merge(c))]
+
+
+def own_merge(cls):
+    """vLLM's own merge function of ``cls`` (beneath any other library's wrapper)."""
+    found = wrapping.vllm_own(cls, "merge")
+    if not isinstance(found, classmethod):
+        raise base.PatchError(f"{cls.__name__}.merge is wrapped by another library down to "
+                              f"{type(found).__name__}, not vLLM's classmethod")
+    return found.__func__
 
 
 def _has_capability(cls) -> bool:
@@ -166,7 +175,7 @@ class KVSpecMergePatch(base.Patch):
         for cls in merge_classes(module):
             if wrapping.owner_of(vars(cls)["merge"]) == self.name:
                 continue  # applied already (another copy of the shim)
-            func = vars(cls)["merge"].__func__
+            func = own_merge(cls)
             hardened, capability = has_assert(func), _has_capability(cls)
             if hardened or capability:
                 plan.append((cls, harden(func) if hardened else func, hardened, capability))
