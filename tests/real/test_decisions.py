@@ -52,6 +52,13 @@ if self.vllm_config.cache_config.use_kda_recoverssm and not (
         <= self.max_num_reqs * self.decode_query_len):
     raise ValueError("capture sizes exceed the RecoverSSM workspace")
 '''
+CAPTURE_LOGS = '''
+if self.vllm_config.cache_config.use_kda_recoverssm and (
+        max(self.compilation_config.cudagraph_capture_sizes)
+        <= self.max_num_reqs * self.decode_query_len):
+    logger.debug("capture sizes fit the RecoverSSM workspace: %s",
+                 max(self.compilation_config.cudagraph_capture_sizes))
+'''
 CAPTURE_FILTERS = '''
 if self.vllm_config.cache_config.use_kda_recoverssm:
     limit = self.max_num_reqs * self.decode_query_len
@@ -68,6 +75,7 @@ def test_capture_decision_reads_the_bound_not_the_name(release):
     assert bounds(method("0.33.0", CAPTURE)) is True
     assert bounds(method(release, CAPTURE, CAPTURE_MENTIONS)) is False
     assert bounds(method(release, CAPTURE, CAPTURE_RAISES)) is False
+    assert bounds(method(release, CAPTURE, CAPTURE_LOGS)) is False  # issue 20 item 9
     assert bounds(method(release, CAPTURE, CAPTURE_FILTERS)) is True
 
 
@@ -89,6 +97,12 @@ KDA_ROUTES = '''
 rows = common_attn_metadata.query_start_loc_cpu.diff()
 keep = common_attn_metadata.is_prefilling.logical_not()
 keep = keep & (rows <= self.num_spec + 1)
+spec_rows = rows[keep]
+'''
+KDA_METRIC = '''
+rows = common_attn_metadata.query_start_loc_cpu.diff()
+fits = common_attn_metadata.is_prefilling.logical_not() & (rows <= self.num_spec + 1)
+self.kda_stats["rows_within_capacity"] = int(fits.sum())
 '''
 
 
@@ -102,6 +116,8 @@ def test_kda_decision_reads_the_routing_not_the_text(release):
     assert structure(method(release, KDA, KDA_RAISES)) == (True, False)
     assert structure(method(release, KDA, KDA_REDUCES)) == (True, False)
     assert structure(method(release, KDA, KDA_ROUTES)) == (True, True)
+    # issue 20 item 9: a capacity mask computed for a metric routes nothing
+    assert structure(method(release, KDA, KDA_METRIC)) == (True, False)
 
 
 @pytest.mark.releases("0.28.0")
@@ -114,3 +130,33 @@ def test_no_recoverssm_path_reads_not_affected(release):
     assert kda_overlong_rows.structure_of(method(release, KDA))[0] is False
     assert kda_overlong_rows.structure_of(
         method(release, KDA, "# self.use_recoverssm\nnote = 'self.use_recoverssm'\n"))[0] is False
+
+
+CONFIG_WITHOUT_VALIDATE = """
+import json, types
+import vllm.config.vllm as cv
+from kimi_hotfix.patches import config_checks
+# a VllmConfig without validate_block_size whose __post_init__ still asserts
+cls = type("VllmConfig", (), {k: v for k, v in vars(cv.VllmConfig).items()
+                              if k in config_checks.CHECKED and k != "validate_block_size"})
+decision = config_checks.decide(types.SimpleNamespace(VllmConfig=cls), 1)
+nothing = config_checks.decide(types.SimpleNamespace(VllmConfig=type("VllmConfig", (), {})), 1)
+print("KIMI_JSON:" + json.dumps({"kind": decision.verdict.value, "reason": decision.reason,
+                                  "nothing": nothing.verdict.value}))
+"""
+
+
+@pytest.mark.releases("0.29.0")
+def test_config_checks_reads_the_asserts_not_one_methods_name(release, tmp_path):
+    """Issue 20 item 9: config_checks read "not affected" whenever
+    validate_block_size was absent, though __post_init__ still asserts. On the
+    real 0.29.0 VllmConfig with validate_block_size taken out: needed under -O;
+    "not affected" only where none of the checked methods exists."""
+    from helpers import hermetic_env, json_lines, run_python
+
+    script = tmp_path / "config.py"
+    script.write_text(CONFIG_WITHOUT_VALIDATE)
+    (out,) = json_lines(run_python([str(script)], python=venv_python(release), flags=["-O"],
+                                   env=hermetic_env()).stdout)
+    assert out["kind"] == "needed" and "__post_init__" in out["reason"], out
+    assert out["nothing"] == "not_affected", out

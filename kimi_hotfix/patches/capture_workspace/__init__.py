@@ -140,11 +140,36 @@ def bounds_mixed_captures(func) -> bool:
     return bounds_in(recompile.function_ast(func))
 
 
+LOGGING = frozenset({"debug", "info", "warning", "warning_once", "info_once", "debug_once",
+                     "error", "exception", "critical", "log", "warn", "print"})
+
+
+def _acts(body) -> bool:
+    """Does a branch do anything but log: any statement other than a logging
+    call (``logger.debug(...)``, ``print(...)``), a bare string or ``pass``
+    (nested ``if``s looked into)? A branch that only logs bounds nothing."""
+    for stmt in body:
+        if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr)
+                                          and isinstance(stmt.value, ast.Constant)):
+            continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            func = stmt.value.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in LOGGING:
+                continue
+        if isinstance(stmt, ast.If) and not (_acts(stmt.body) or _acts(stmt.orelse)):
+            continue
+        return True
+    return False
+
+
 def bounds_in(tree) -> bool:
-    """``bounds_mixed_captures`` on the parsed function."""
+    """``bounds_mixed_captures`` on the parsed function: an ``if`` whose test
+    reads the RecoverSSM field and compares a size, whose branch acts (not
+    only logs) and raises nothing."""
     for node in ast.walk(tree):
         if (isinstance(node, ast.If) and _reads_field(node.test)
-                and _compares_size([node.test, *node.body])
+                and _compares_size([node.test, *node.body]) and _acts(node.body)
                 and not any(isinstance(n, ast.Raise) for b in node.body for n in ast.walk(b))):
             return True
     return False

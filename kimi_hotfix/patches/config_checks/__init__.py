@@ -79,8 +79,8 @@ def asserted(module) -> dict:
 
 
 def decide(module, optimize) -> base.Decision:
-    if "validate_block_size" not in vars(config_class(module)):
-        return base.absent("VllmConfig.validate_block_size does not exist in this vLLM")
+    if not any(name in vars(config_class(module)) for name in CHECKED):
+        return base.absent(f"VllmConfig defines none of {', '.join(CHECKED)} in this vLLM")
     if not optimize:  # decided without reading source: every process pays this check
         return base.absent("python without -O keeps VllmConfig's asserts")
     found = asserted(module)

@@ -206,15 +206,30 @@ def structure_of(tree) -> tuple:
     path = any(_self_attr(n, "use_recoverssm") and isinstance(n.ctx, ast.Load)
                for n in ast.walk(tree))
     routes = False
+    indexes = _index_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.BitAnd):
-            operands = [node.value, *_anded(node.value)]
+            operands, targets = [node.value, *_anded(node.value)], [node.target]
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             operands = _anded(node.value)
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         else:
             continue
-        routes = routes or any(_capacity_compare(op) for op in operands)
+        # a mask routes rows only where it selects them: its name indexes something
+        # (``query_lens[mask]``); one computed for a metric or a log line does not
+        routes = routes or (any(_capacity_compare(op) for op in operands)
+                            and any(isinstance(t, ast.Name) and t.id in indexes for t in targets))
     return path, routes
+
+
+def _index_names(tree) -> set:
+    """Names used in a subscript's index anywhere in the function (``x[mask]``,
+    ``x[mask, :k]``, ``x[~mask]``)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            found.update(n.id for n in ast.walk(node.slice) if isinstance(n, ast.Name))
+    return found
 
 
 class KDAOverlongRowsPatch(base.Patch):
@@ -229,8 +244,8 @@ class KDAOverlongRowsPatch(base.Patch):
                 "at startup, in eager dummy runs (adaptive verification profiling); on "
                 "0.30.0 too")
     summary = "RecoverSSM: rows longer than num_spec + 1 take the non-speculative path"
-    decides = ("the AST of build: it reads self.use_recoverssm and no masked assignment "
-               "routes rows by '<= self.num_spec + 1'")
+    decides = ("the AST of build: it reads self.use_recoverssm and no mask ANDed with "
+               "'<= self.num_spec + 1' selects rows (indexes something)")
     probe_title = ("KDA build with RecoverSSM, k=8: an eager 48 x 10-token batch and a step "
                    "with a 12-token row")
 
