@@ -97,9 +97,9 @@ class State:
     def __post_init__(self):
         object.__setattr__(self, "kind", Kind(self.kind))  # ValueError for an unknown kind
 
-    def _text(self, count: bool) -> str:
+    def _text(self, count: bool, line: bool = False) -> str:
         text = _TEXT.get(self.kind, self.kind.value)
-        if self.detail:
+        if self.detail and not (line and self.kind == Kind.NOT_LOADED):
             text += f": {self.detail}" if self.kind == Kind.FAILED else f" ({self.detail})"
         if self.failures:
             times = f" on {self.failures} call{'s' if self.failures > 1 else ''}" if count else ""
@@ -111,8 +111,11 @@ class State:
 
     def line_text(self) -> str:
         """The text in the summary line: no call count, so that the line changes
-        (and is logged again) once when a wrapper first fails, not per call."""
-        return self._text(count=False)
+        (and is logged again) once when a wrapper first fails, not per call;
+        ``not loaded`` without its reason (the module named in the patch's
+        header was never imported: ``status`` and the JSON log say which),
+        so that the last line of a process stays short."""
+        return self._text(count=False, line=True)
 
     def with_failure(self, reason: str) -> State:
         return replace(self, failures=self.failures + 1,

@@ -236,7 +236,7 @@ def batch():
 def _fields() -> dict:
     """The summary line's parts, for the JSON log format."""
     with _lock:
-        parts = {name: _states.get(name, State(Kind.PENDING)).line_text() for name in registry.names()}
+        parts = {name: str(_states.get(name, State(Kind.PENDING))) for name in registry.names()}
     return {"version": __version__, "vllm": versions.vllm_version() or None,
             "python": versions.python_label(), "states": parts}
 
