@@ -17,6 +17,8 @@ output: one ``KIMI_JSON:`` line on stdout holding a section per topic. Sections:
             applied, with it toggled on
   kda       KDA metadata builds, likewise
   check     ``check --json`` through the CLI (fd 1 captured), states around it
+  pickling  pickle, cloudpickle, copy and deepcopy of each wrapped callable
+  merge_work how often dataclasses.fields/replace run in one patched merge
   failures  each patch's own code made to fail (logged once; strict raises)
   o_parity  (spec "o_parity": true, run with KIMI_HOTFIX=0) the -O hazards of
             inner_dp_group and config_checks, without and with each patch
@@ -302,6 +304,46 @@ def pickling():
             except Exception as exc:
                 row[how] = f"error: {type(exc).__name__}"
         out[name] = row
+    return out
+
+
+@section("merge_work")
+def merge_work():
+    """The per-call work of ``MLAAttentionSpec.merge`` as code reaches it, against
+    vLLM's own merge under it (issue 20 item 13): how often ``dataclasses.fields``
+    and ``dataclasses.replace`` run in one call on 61 equal specs without the
+    draft capability, after a first call (what is cached per class is built)."""
+    import dataclasses
+
+    import torch
+
+    cls = kvi.MLAAttentionSpec
+    own = vars(cls)["merge"]
+    while core.is_wrapped(own):
+        own = own.__wrapped__
+    own = own.__get__(None, cls)
+    specs = [cls(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16) for _ in range(61)]
+    out = {"wrapped": core.is_wrapped(vars(cls)["merge"])}
+    calls = {"fields": 0, "replace": 0}
+    saved = {name: getattr(dataclasses, name) for name in calls}
+
+    def counting(name):
+        def count(*args, **kwargs):
+            calls[name] += 1
+            return saved[name](*args, **kwargs)
+        return count
+
+    for way, merge in (("patched", cls.merge), ("own", own)):
+        merge(specs)  # the first call builds what is cached
+        for name in calls:
+            calls[name] = 0
+            setattr(dataclasses, name, counting(name))
+        try:
+            merge(specs)
+        finally:
+            for name, fn in saved.items():
+                setattr(dataclasses, name, fn)
+        out[way] = dict(calls)
     return out
 
 
