@@ -182,6 +182,7 @@ def test_toggles_and_undo_put_vllm_back(release, opt):
     assert ("undo_state" in battery) is (opt == "O" or release.startswith("0.29.0"))
 
 
+@pytest.mark.releases("0.29.0")  # where kv_spec_merge applies plain and -O
 @pytest.mark.parametrize("opt", ["plain", "O"])
 def test_the_patched_merge_does_no_per_spec_work_of_its_own(release, opt):
     """Issue 20 item 13: the merge wrapper computed ``dataclasses.fields()`` for
@@ -191,5 +192,5 @@ def test_the_patched_merge_does_no_per_spec_work_of_its_own(release, opt):
     ``dataclasses.fields`` and ``dataclasses.replace`` exactly as often as vLLM's
     own merge under it does (the per-class check is cached; nothing is copied)."""
     work = child(release, "on", opt)["merge_work"]
-    assert work["wrapped"] is True, work  # 0.29.0 applies kv_spec_merge plain and -O
+    assert work["wrapped"] is True, work
     assert work["patched"] == work["own"], work
