@@ -317,11 +317,10 @@ def merge_work():
 
     import torch
 
+    from kimi_hotfix import wrapping
+
     cls = kvi.MLAAttentionSpec
-    own = vars(cls)["merge"]
-    while core.is_wrapped(own):
-        own = own.__wrapped__
-    own = own.__get__(None, cls)
+    own = wrapping.vllm_own(cls, "merge").__get__(None, cls)
     specs = [cls(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16) for _ in range(61)]
     out = {"wrapped": core.is_wrapped(vars(cls)["merge"])}
     calls = {"fields": 0, "replace": 0}
