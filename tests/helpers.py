@@ -119,12 +119,17 @@ class OncePool:
     threads, at most ``workers`` at a time. ``prefetch`` starts keys early (in
     the order given); ``get`` waits for one; ``results`` are those that finished.
     Both tiers drive their expensive children with it: tests/real/harness.py
-    (one vLLM child per configuration) and tests/e2e/runs.py (one server per run)."""
+    (one vLLM child per configuration) and tests/e2e/runs.py (one server per run).
+    With ``jump_queue``, ``get`` computes a key that is still waiting in the queue
+    in the calling thread, now (the real tier: a test waits for its own child,
+    not for the prefetched ones ahead of it, which another xdist worker may be
+    computing); without it (the e2e tier: at most ``workers`` servers), it waits."""
 
-    def __init__(self, workers: int, compute=None, name: str = "pool"):
+    def __init__(self, workers: int, compute=None, name: str = "pool", jump_queue: bool = False):
         import threading
 
         self.workers, self.compute, self.name = workers, compute, name
+        self.jump_queue = jump_queue
         self.futures: dict = {}
         self.lock = threading.Lock()
         self.executor = None
@@ -145,6 +150,22 @@ class OncePool:
             self.submit(key)
 
     def get(self, key):
+        import concurrent.futures
+
+        if self.jump_queue:
+            with self.lock:
+                queued = self.futures.get(key)
+                here = queued is None or queued.cancel()  # not started: the caller runs it
+                if here:  # running from now: another getter waits for it, cannot cancel it
+                    self.futures[key] = concurrent.futures.Future()
+                    self.futures[key].set_running_or_notify_cancel()
+            if here:
+                future = self.futures[key]
+                try:
+                    future.set_result(self.compute(key))
+                except BaseException as exc:  # the caller and later getters see it raised
+                    future.set_exception(exc)
+                return future.result()
         return self.submit(key).result()
 
     def results(self) -> list:

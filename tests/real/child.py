@@ -19,6 +19,9 @@ output: one ``KIMI_JSON:`` line on stdout holding a section per topic. Sections:
   check     ``check --json`` through the CLI (fd 1 captured), states around it
   pickling  pickle, cloudpickle, copy and deepcopy of each wrapped callable
   merge_work how often dataclasses.fields/replace run in one patched merge
+  config_decision config_checks' decision on the real VllmConfig with
+            validate_block_size taken out, and on a class with none of the
+            checked methods (test_decisions.py)
   failures  each patch's own code made to fail (logged once; strict raises)
   o_parity  (spec "o_parity": true, run with KIMI_HOTFIX=0) the -O hazards of
             inner_dp_group and config_checks, without and with each patch
@@ -344,6 +347,23 @@ def merge_work():
                 setattr(dataclasses, name, fn)
         out[way] = dict(calls)
     return out
+
+
+@section("config_decision")
+def config_decision():
+    import types
+
+    import vllm.config.vllm as cv
+    from kimi_hotfix.patches import config_checks
+
+    # a VllmConfig without validate_block_size whose __post_init__ still asserts
+    cls = type("VllmConfig", (), {k: v for k, v in vars(cv.VllmConfig).items()
+                                  if k in config_checks.CHECKED and k != "validate_block_size"})
+    decision = config_checks.decide(types.SimpleNamespace(VllmConfig=cls), sys.flags.optimize)
+    nothing = config_checks.decide(types.SimpleNamespace(VllmConfig=type("VllmConfig", (), {})),
+                                   sys.flags.optimize)
+    return {"kind": decision.verdict.value, "reason": decision.reason,
+            "nothing": nothing.verdict.value}
 
 
 @section("failures")

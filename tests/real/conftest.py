@@ -8,11 +8,41 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness, cases, child
 
-from harness import DEFAULT_RELEASES, PLAN, POOL, RELEASES, parse_key  # noqa: E402
+from harness import (  # noqa: E402
+    DEFAULT_RELEASES,
+    PLAN,
+    POOL,
+    RELEASES,
+    REPORT_LINES,
+    parse_key,
+    prefetch_order,
+)
 
 # the modules whose tests (nearly) only read harness children
 READS_CHILDREN = ("test_check", "test_docs", "test_kv_spec_merge", "test_o_parity",
                   "test_recoverssm", "test_upstream")
+# scripts/test runs the tier in pytest-xdist workers, a test at a time, except
+# these modules: their tests share what one process computes once (a module-scoped
+# fixture or cache: Ray's two-node cluster, the bundles, the pip-installed venv,
+# the audits; the fault tier's drivers, which test_chain_real and test_fork_real
+# read too), so each group runs whole on one worker. (xdist's own loadgroup
+# cannot do this here: it renames item._nodeid, which pytest 9 no longer reads.)
+GROUPS = {"test_fault_tier": "fault tier", "test_chain_real": "fault tier",
+          "test_fork_real": "fault tier", "test_ray": "ray", "test_bundle": "bundle",
+          "test_fleet": "fleet", "test_plugin": "plugin", "test_audit": "audit",
+          "test_fourth_patch": "fourth patch"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduler, a scope being a test or one of GROUPS (whole)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1][:-len(".py")]
+            return GROUPS.get(module, nodeid)
+
+    return Grouped(config, log)
 
 
 def pytest_addoption(parser):
@@ -67,18 +97,61 @@ def pytest_collection_modifyitems(config, items):
             if getattr(item, "callspec", None) and "release" in item.callspec.params}
     if used:
         references = [parse_key("0.33.0", "off"), parse_key("0.30.0", "off")]
-        POOL.prefetch(references + [parse_key(r, *c.split(":")) for r in RELEASES if r in used
-                                    for c in PLAN[r]])
+        keys = references + [parse_key(r, *c.split(":")) for r in RELEASES if r in used
+                             for c in PLAN[r]]
+        POOL.prefetch(prefetch_order(list(dict.fromkeys(keys))))
 
 
 def pytest_sessionfinish(session, exitstatus):
     POOL.shutdown(wait=False)
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    children = [r for r in POOL.results() if hasattr(r, "seconds")]
-    if reporter and children:
+    # the children this process ran (not those it read from another worker's file)
+    children = [r for r in POOL.results() if getattr(r, "ran_here", False)]
+    if children:
         total = sum(r.seconds for r in children)
         cpu = sum(r.cpu or 0 for r in children)
-        reporter.write_line(f"vLLM children: {len(children)}, {total:.0f} s of child time, "
+        REPORT_LINES.append(f"vLLM children: {len(children)}, {total:.0f} s of child time, "
                             f"{cpu:.0f} s of their CPU")
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller prints them
+        session.config.workeroutput["kimi_report"] = list(REPORT_LINES)
+    else:
+        write_report(session.config, REPORT_LINES)
+
+
+_from_workers: list = []
+
+
+def pytest_testnodedown(node, error):  # xdist's controller: a worker finished
+    _from_workers.extend(getattr(node, "workeroutput", {}).get("kimi_report", ()))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if _from_workers:
+        write_report(config, _merged(_from_workers))
+
+
+def _merged(lines: list) -> list:
+    """The workers' lines; their "vLLM children" lines summed into one."""
+    import re
+
+    counts = [0, 0.0, 0.0]
+    others = []
+    for line in lines:
+        found = re.fullmatch(r"vLLM children: (\d+), (\d+) s of child time, (\d+) s of their CPU",
+                             line)
+        if not found:
+            others.append(line)
+            continue
+        for i, value in enumerate(found.groups()):
+            counts[i] += int(value)
+    if counts[0]:
+        others.append(f"vLLM children: {counts[0]}, {counts[1]:.0f} s of child time, "
+                      f"{counts[2]:.0f} s of their CPU")
+    return others
+
+
+def write_report(config, lines) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for line in lines if reporter else ():
+        reporter.write_line(line)
 
 

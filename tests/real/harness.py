@@ -15,6 +15,13 @@ hash seed) runs ``child.py`` once and every test reads its sections
 read; the session starts them all at once, for the releases it runs, in a
 pool of worker threads (one child each), while the tests run. Results are also
 kept as JSON under ``KIMI_HOTFIX_TEST_CACHE`` when set, for one session only.
+
+scripts/test runs the tier with pytest-xdist (``-n auto``): each worker process
+has its own pool, and the JSON files (one lock each) make every child run once
+for all of them: a worker that wants a child another is computing waits for it
+and reads its file. The workers share the cores: each has ``cores // workers``
+pool threads, and each starts the plan at its own offset (``prefetch_order``),
+so two workers do not queue behind the same child.
 """
 
 from __future__ import annotations
@@ -134,12 +141,19 @@ def venv_python(release: str) -> str:
 # -- children ------------------------------------------------------------------
 
 
+# lines for the end of the session (conftest.py prints them, through xdist's
+# controller when the tier runs in workers)
+REPORT_LINES: list = []
+
+
 class Run:
     """One child's output: ``sections`` by name, ``stderr`` split at the failures
-    section (``stderr`` is what came before it), the return code."""
+    section (``stderr`` is what came before it), the return code; ``ran_here``:
+    this process ran it (not read from another worker's file)."""
 
-    def __init__(self, key, proc, seconds, cpu=None):
+    def __init__(self, key, proc, seconds, cpu=None, ran_here=True):
         self.key, self.rc, self.seconds, self.cpu = key, proc.returncode, seconds, cpu
+        self.ran_here = ran_here
         self.stderr, _, self.failures_stderr = proc.stderr.partition("KIMI_SECTION:failures")
         # what the process logged before its first section: start-up, imports, arming
         self.start_stderr = proc.stderr.partition("KIMI_SECTION:")[0]
@@ -191,13 +205,24 @@ def upstream_overlay(release) -> dict:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             site = vllm_location(venv_python(release))
-            root = Path(os.environ.get("KIMI_HOTFIX_TEST_CACHE") or tempfile.mkdtemp())
-            dest = root / f"overlay-{release}-{os.getpid()}"
-            combined = root / f"upstream-{os.getpid()}.patch"
-            combined.write_text("".join(p.read_text() for p in UPSTREAM_PATCHES))
-            touched = module.patch_paths(combined)
-            before = {rel: module.sha256(site / rel) for rel in touched}
-            module.make_overlay(site, combined, dest)
+            shared = os.environ.get("KIMI_HOTFIX_TEST_CACHE")
+            # one overlay per session: every xdist worker uses the one the first built
+            # (so the children that run on it are cached like the others)
+            root = Path(shared) if shared else Path(tempfile.mkdtemp())
+            dest = root / f"overlay-{release}"
+            with open(root / f"overlay-{release}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                record = root / f"overlay-{release}.json"
+                if record.exists():  # built by another worker: what it measured before
+                    saved = json.loads(record.read_text())
+                    touched, before = saved["touched"], saved["hashes_before"]
+                else:
+                    combined = root / f"upstream-{release}.patch"
+                    combined.write_text("".join(p.read_text() for p in UPSTREAM_PATCHES))
+                    touched = module.patch_paths(combined)
+                    before = {rel: module.sha256(site / rel) for rel in touched}
+                    module.make_overlay(site, combined, dest)
+                    record.write_text(json.dumps({"touched": touched, "hashes_before": before}))
             _overlays[release] = {"path": dest, "site": site, "touched": touched,
                                   "hashes_before": before, "module": module}
         return _overlays[release]
@@ -212,7 +237,7 @@ def _compute(key):
         env["PYTHONPATH"] = os.pathsep.join([str(upstream_overlay(release)["path"]), str(REPO)])
     cache = os.environ.get("KIMI_HOTFIX_TEST_CACHE")
     path = None
-    if cache and not spec.get("overlay"):
+    if cache:
         digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
         path = Path(cache) / f"child-{digest}.json"
     cmd = [venv_python(release), *OPT_FLAGS[opt], str(CHILD), json.dumps(spec)]
@@ -223,7 +248,7 @@ def _compute(key):
         if path and path.exists():
             saved = json.loads(path.read_text())
             proc = subprocess.CompletedProcess(cmd, saved["rc"], saved["stdout"], saved["stderr"])
-            return Run(key, proc, saved["seconds"], saved.get("cpu"))
+            return Run(key, proc, saved["seconds"], saved.get("cpu"), ran_here=False)
         t0 = time.monotonic()
         proc = subprocess.run(cmd, env=env, cwd=str(REPO), capture_output=True, text=True,
                               timeout=900)
@@ -239,7 +264,21 @@ def _compute(key):
             lock.close()
 
 
-POOL = OncePool(max(1, min(4, os.cpu_count() or 1)), _compute, name="vllm-child")
+def xdist_worker() -> tuple:
+    """(this worker's index, the number of workers): (0, 1) without xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name[2:] or 0), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def prefetch_order(keys: list) -> list:
+    """``keys`` rotated to this worker's share: worker i of n starts i/n of the way in."""
+    index, count = xdist_worker()
+    start = len(keys) * index // count
+    return keys[start:] + keys[:start]
+
+
+POOL = OncePool(max(1, min(4, os.cpu_count() or 1) // xdist_worker()[1]), _compute,
+                name="vllm-child", jump_queue=True)
 
 
 def child(release, name="on", opt="plain", seed=0) -> Run:

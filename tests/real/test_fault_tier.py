@@ -33,7 +33,7 @@ from pathlib import Path
 import fault_tier as ft
 import pytest
 
-from harness import venv_python
+from harness import REPORT_LINES, venv_python
 from helpers import REPO, STANDINS, OncePool, hermetic_env
 
 pytestmark = pytest.mark.releases("0.29.0")
@@ -99,17 +99,15 @@ def driver(target, opt, release="0.29.0") -> dict:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def report_cost(request):
+def report_cost():
     """After the module: the fault tier's cases and child-seconds, per driver."""
     yield
     done = [f.result() for f in POOL.futures.values() if f.done() and not f.exception()]
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if done and reporter:
+    if done:
         parts = ", ".join(f"{r['target']} {r['opt']}: {len(r['cases'])} cases {r['cpu_seconds']} s"
                           for r in done)
-        with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
-            reporter.write_line(f"fault tier: {parts}; {sum(r['cpu_seconds'] for r in done):.0f} "
-                                "child-seconds (CPU)")
+        REPORT_LINES.append(f"fault tier: {parts}; {sum(r['cpu_seconds'] for r in done):.0f} "
+                            "child-seconds (CPU)")
 
 
 def failures(found: dict) -> str:
