@@ -354,6 +354,7 @@ def config_decision():
     import types
 
     import vllm.config.vllm as cv
+
     from kimi_hotfix.patches import config_checks
 
     # a VllmConfig without validate_block_size whose __post_init__ still asserts
