@@ -105,53 +105,38 @@ def pytest_collection_modifyitems(config, items):
 def pytest_sessionfinish(session, exitstatus):
     POOL.shutdown(wait=False)
     # the children this process ran (not those it read from another worker's file)
-    children = [r for r in POOL.results() if getattr(r, "ran_here", False)]
-    if children:
-        total = sum(r.seconds for r in children)
-        cpu = sum(r.cpu or 0 for r in children)
-        REPORT_LINES.append(f"vLLM children: {len(children)}, {total:.0f} s of child time, "
-                            f"{cpu:.0f} s of their CPU")
-    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller prints them
-        session.config.workeroutput["kimi_report"] = list(REPORT_LINES)
+    ran = [r for r in POOL.results() if getattr(r, "ran_here", False)]
+    report = {"lines": list(REPORT_LINES),
+              "children": [len(ran), sum(r.seconds for r in ran), sum(r.cpu or 0 for r in ran)]}
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller prints it
+        session.config.workeroutput["kimi_report"] = report
     else:
-        write_report(session.config, REPORT_LINES)
+        write_report(session.config, [report])
 
 
 _from_workers: list = []
 
 
 def pytest_testnodedown(node, error):  # xdist's controller: a worker finished
-    _from_workers.extend(getattr(node, "workeroutput", {}).get("kimi_report", ()))
+    report = getattr(node, "workeroutput", {}).get("kimi_report")
+    if report:
+        _from_workers.append(report)
 
 
 def pytest_terminal_summary(terminalreporter, config):
     if _from_workers:
-        write_report(config, _merged(_from_workers))
+        write_report(config, _from_workers)
 
 
-def _merged(lines: list) -> list:
-    """The workers' lines; their "vLLM children" lines summed into one."""
-    import re
-
-    counts = [0, 0.0, 0.0]
-    others = []
-    for line in lines:
-        found = re.fullmatch(r"vLLM children: (\d+), (\d+) s of child time, (\d+) s of their CPU",
-                             line)
-        if not found:
-            others.append(line)
-            continue
-        for i, value in enumerate(found.groups()):
-            counts[i] += int(value)
-    if counts[0]:
-        others.append(f"vLLM children: {counts[0]}, {counts[1]:.0f} s of child time, "
-                      f"{counts[2]:.0f} s of their CPU")
-    return others
-
-
-def write_report(config, lines) -> None:
+def write_report(config, reports) -> None:
+    """Each process's lines, then one line for the children they ran together."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    for line in lines if reporter else ():
-        reporter.write_line(line)
-
-
+    if reporter is None:
+        return
+    for report in reports:
+        for line in report["lines"]:
+            reporter.write_line(line)
+    count, seconds, cpu = (sum(r["children"][i] for r in reports) for i in range(3))
+    if count:
+        reporter.write_line(f"vLLM children: {count}, {seconds:.0f} s of child time, "
+                            f"{cpu:.0f} s of their CPU")
