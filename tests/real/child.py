@@ -19,9 +19,9 @@ output: one ``KIMI_JSON:`` line on stdout holding a section per topic. Sections:
   check     ``check --json`` through the CLI (fd 1 captured), states around it
   pickling  pickle, cloudpickle, copy and deepcopy of each wrapped callable
   merge_work how often dataclasses.fields/replace run in one patched merge
-  config_decision config_checks' decision on the real VllmConfig with
-            validate_block_size taken out, and on a class with none of the
-            checked methods (test_decisions.py)
+  config_decision (the shim's -O "cli" children) config_checks' decision on the
+            real VllmConfig with validate_block_size taken out, and on a class
+            with none of the checked methods (test_decisions.py)
   failures  each patch's own code made to fail (logged once; strict raises)
   o_parity  (spec "o_parity": true, run with KIMI_HOTFIX=0) the -O hazards of
             inner_dp_group and config_checks, without and with each patch
@@ -349,7 +349,7 @@ def merge_work():
     return out
 
 
-@section("config_decision")
+@section("config_decision", when=SPEC.get("cli") and sys.flags.optimize == 1)  # read from one
 def config_decision():
     import types
 
