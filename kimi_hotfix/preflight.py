@@ -438,9 +438,11 @@ def print_check(report, out=None) -> None:
         names = ", ".join(n["name"] for n in level["needed"]) or "nothing"
         w(f"needed under {'python' if label == 'plain' else label}: {names}"
           f"{'   (this interpreter)' if level['here'] else ''}\n")
-    if report["exit_status"] == cli.UNARMED:
-        _wrapped_line(w, "deployment: ", f"{report['deployment']['reason']} (armed here by: "
-                      f"{', '.join(report['armed_by']) or 'nothing'})")
+    # how the shim arms in a process started like this one (the bootstrap, vLLM's
+    # plugin loader, or nothing: a launcher's sitecustomize may shadow the bootstrap)
+    armed_here = (f" (armed here by: {', '.join(report['armed_by']) or 'nothing'})"
+                  if report["exit_status"] == cli.UNARMED else "")
+    _wrapped_line(w, "deployment: ", f"{report['deployment']['reason']}{armed_here}")
     w(f"removable: {'yes' if report['removable'] else 'no'}\n")
     w(f"verdict: {report['verdict']}\n")
 

@@ -30,19 +30,59 @@ def _wrapt_info():
             "source": found["source"], "path": found["path"]}
 
 
-def _plugin_entry():
-    """The installed ``vllm.general_plugins`` entry point named kimi_hotfix."""
+def _plugin_entry(pythonpath_shims=None):
+    """The ``vllm.general_plugins`` entry point named kimi_hotfix that vLLM's
+    loader would call (the first distribution on sys.path that has one), as
+    ``(entry point, its dist-info directory)``; ``(None, None)`` where there is
+    none. Searched as a vLLM process started like this one would search: on
+    sys.path without this command's own first entry. ``pythonpath_shims``: the
+    shim directories such a process has on sys.path (from PYTHONPATH); a
+    dist-info in another shim directory is on this interpreter's path only
+    (``sys.path.insert``) and is passed over. Raises ``PluginMetadataError``
+    where the loader itself would fail: a distribution whose entry_points.txt
+    cannot be parsed makes ``importlib.metadata.entry_points()`` raise in vLLM's
+    plugin loader too."""
     from importlib import metadata
 
-    try:
-        eps = metadata.entry_points()
-        group = eps.select(group=PLUGIN_GROUP) if hasattr(eps, "select") else eps.get(PLUGIN_GROUP, ())
-    except Exception:
-        return None
-    for ep in group:
-        if ep.name == PLUGIN_NAME:
-            return ep
-    return None
+    try:  # sys.path[0] is this command's own entry (its script's directory, the
+        # working directory of -m, the checkout ``python DIR/kimi_hotfix`` puts first)
+        dists = list(metadata.distributions(path=sys.path[1:]))
+    except Exception:  # a path entry importlib cannot read: vLLM's loader fails the same way
+        return None, None
+    seen = set()
+    for dist in dists:
+        try:
+            name = getattr(dist, "_normalized_name", None) or (
+                dist.metadata["Name"] or "").lower().replace("-", "_")
+            eps = dist.entry_points
+        except Exception as exc:
+            raise PluginMetadataError(_dist_dir(dist), exc) from exc
+        home = os.path.dirname(_dist_dir(dist))
+        if pythonpath_shims is not None and _is_shim_dir(home) and home not in pythonpath_shims:
+            continue
+        if name in seen:  # importlib.metadata.entry_points() keeps the first (3.10+)
+            continue
+        seen.add(name)
+        for ep in eps:
+            if ep.group == PLUGIN_GROUP and ep.name == PLUGIN_NAME:
+                return ep, _dist_dir(dist)
+    return None, None
+
+
+class PluginMetadataError(Exception):
+    def __init__(self, where, exc):
+        super().__init__(f"{where}: {describe(exc)}")
+        self.where = where
+
+
+def _dist_dir(dist) -> str:
+    path = getattr(dist, "_path", None)  # PathDistribution: the dist-info directory
+    return os.path.abspath(str(path)) if path is not None else "?"
+
+
+def _is_shim_dir(path) -> bool:
+    return os.path.isfile(os.path.join(path, "sitecustomize.py")) and os.path.isdir(
+        os.path.join(path, "kimi_hotfix"))
 
 
 def _python_info():
@@ -91,14 +131,17 @@ def _shim_info(python):
     pythonpath = [] if python["ignore_environment"] else [
         p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
     ]
-    shim_dirs = [
-        os.path.abspath(p)
-        for p in pythonpath
-        if os.path.isfile(os.path.join(p, "sitecustomize.py"))
-        and os.path.isdir(os.path.join(p, "kimi_hotfix"))
-    ]
+    shim_dirs = [os.path.abspath(p) for p in pythonpath if _is_shim_dir(p)]
     other = sys.modules.get("sitecustomize")
     other_file = getattr(other, "__file__", None) if other is not None else None
+    ran = []  # every sitecustomize that ran in this interpreter, in order
+    if site is not None:
+        ran = [getattr(site, "LOADED_FROM", None), *(getattr(site, "CHAINED", []) or [])]
+    elif other_file:
+        ran = [other_file]
+    # shadowed: the shim's directory is on PYTHONPATH, but another sitecustomize
+    # ran instead of its bootstrap and did not chain it (an APM launcher's)
+    shadowed_by = other_file if site is None and shim_dirs and other_file else None
     info = {
         "sitecustomize_loaded": site is not None,
         "loaded_from": getattr(site, "LOADED_FROM", None),
@@ -106,6 +149,8 @@ def _shim_info(python):
         "copies": list(getattr(site, "COPIES", []) or []),  # other copies of the bootstrap, skipped
         "pythonpath_shim_dirs": shim_dirs,
         "sitecustomize_module": other_file,  # the module site.py imported last
+        "sitecustomize_ran": [os.path.abspath(f) for f in ran if f],
+        "shadowed_by": shadowed_by,
     }
     if site is not None:
         why = f"loaded by this interpreter from {info['loaded_from']}"
@@ -113,33 +158,55 @@ def _shim_info(python):
         why = "not loaded: -S (no sitecustomize runs)"
     elif python["isolated"] or python["ignore_environment"]:
         why = "not loaded: PYTHONPATH is ignored (-I/-E)"
+    elif shadowed_by:
+        why = (f"SHADOWED: {shim_dirs[0]} is on PYTHONPATH, but {shadowed_by} ran as "
+               "sitecustomize instead and does not run the next one (an APM launcher, such "
+               "as opentelemetry-instrument, puts its own first)")
     elif shim_dirs:
         why = f"not loaded although {shim_dirs[0]} is on PYTHONPATH"
-        if other_file:
-            why += f" (another sitecustomize ran first: {other_file})"
     else:
         why = "not loaded: the kimi-hotfix directory is not on PYTHONPATH"
     info["why"] = why
     return info
 
 
-def _plugin_info():
-    ep = _plugin_entry()
+def _plugin_info(shim):
+    """The ``vllm.general_plugins`` entry point: pip-installed, or the dist-info
+    beside the package in a shim directory on PYTHONPATH (the checkout, the
+    bundle). ``shim``: ``_shim_info``'s report."""
+    broken = None
+    try:
+        ep, where = _plugin_entry(shim["pythonpath_shim_dirs"])
+    except PluginMetadataError as exc:
+        ep, where, broken = None, exc.where, str(exc)
     allowed = os.environ.get("VLLM_PLUGINS")
+    home = os.path.dirname(where) if ep is not None else None
     info = {
         "installed": ep is not None,
         "group": PLUGIN_GROUP,
         "name": PLUGIN_NAME,
         "value": getattr(ep, "value", None),
+        "dist_info": where,  # the one that cannot be read, where metadata_error
+        # "pythonpath": the dist-info beside a shim directory (kimi_hotfix/ and
+        # sitecustomize.py); "installed": pip's layout
+        "source": None if ep is None else "pythonpath" if _is_shim_dir(home) else "installed",
+        "metadata_error": broken,
         "VLLM_PLUGINS": allowed,
     }
     # vLLM loads every plugin when VLLM_PLUGINS is unset, else only those listed.
     allowed_names = None if allowed is None else allowed.split(",")
     info["loads"] = ep is not None and (allowed_names is None or PLUGIN_NAME in allowed_names)
-    if ep is None:
+    if broken:
+        info["why"] = (f"vLLM's plugin loader will raise: the package metadata at {broken} "
+                       "cannot be read (importlib.metadata.entry_points() fails)")
+    elif ep is None:
         info["why"] = "not installed (pip install the package to get it)"
     elif not info["loads"]:
         info["why"] = f"installed, but VLLM_PLUGINS={allowed!r} does not list {PLUGIN_NAME}"
+    elif info["source"] == "pythonpath":
+        info["why"] = (f"{os.path.basename(where)} in {home}: vLLM's plugin loader arms the "
+                       "shim in the processes that load plugins (the API server, engine cores, "
+                       "workers, LLM())")
     else:
         info["why"] = "installed: vLLM arms the shim in every process it starts"
     return info
@@ -164,6 +231,12 @@ def _arms(cfg, shim, plugin, wrapt, vllm_version, broken=()) -> tuple:
         return False, "INACTIVE: wrapt is not installed (pip install wrapt, or use the bundle)"
     if vllm_version is None:
         return False, f"loaded (via {' and '.join(via)}), idle: vLLM is not installed here"
+    if via == ["vLLM plugin"]:  # no bootstrap: nothing arms at ``import vllm``
+        shadowed = f"; the bootstrap is shadowed by {shim['shadowed_by']}" if shim.get(
+            "shadowed_by") else ""
+        return True, ("arms when vLLM loads its plugins (via vLLM plugin" + shadowed + "): "
+                      "servers, engine cores, workers and LLM() load them; a script that "
+                      "only imports vLLM modules runs unpatched")
     return True, f"arms when vLLM is imported (via {' and '.join(via)})"
 
 
@@ -176,16 +249,18 @@ def deployment() -> dict:
 
     python = _python_info()
     cfg = config.parse(registry.names())
-    active, reason = _arms(cfg, _shim_info(python), _plugin_info(), _wrapt_info(),
+    shim = _shim_info(python)
+    active, reason = _arms(cfg, shim, _plugin_info(shim), _wrapt_info(),
                            versions.installed_vllm()[0])
     return {"active": active, "reason": reason, "enabled": cfg.enabled}
 
 
-def _broken(plugin_entry) -> list:
+def _broken(plugin) -> list:
     """The shim's own modules that a vLLM process loads and that do not load
     here, loaded as the shim loads them (imports no vLLM): the core and what it
     imports, the /metrics exporter, each patch module (and what it imports),
-    and the plugin's module where the plugin is installed.
+    and the plugin's module where the plugin is installed, or the shim's own
+    dist-info where vLLM's plugin loader cannot read it.
     [{"module", "error"}]; empty for a healthy install."""
     import importlib
 
@@ -198,11 +273,17 @@ def _broken(plugin_entry) -> list:
     registry = sys.modules.get("kimi_hotfix.registry")
     if registry is not None:
         found += [{"module": p.module, "error": p.error} for p in registry.unloadable().values()]
-    if plugin_entry is not None:
+    if plugin["installed"]:
+        module, _, attrs = plugin["value"].partition(":")
         try:
-            plugin_entry.load()
+            found_obj = importlib.import_module(module.strip())
+            for attr in filter(None, attrs.strip().split(".")):
+                found_obj = getattr(found_obj, attr)
         except Exception as exc:
-            found.append({"module": plugin_entry.value, "error": describe(exc)})
+            found.append({"module": plugin["value"], "error": describe(exc)})
+    elif plugin["metadata_error"] and os.path.basename(plugin["dist_info"]).startswith(
+            "kimi_hotfix-"):  # our own dist-info: vLLM's plugin loader will raise
+        found.append({"module": plugin["dist_info"], "error": plugin["metadata_error"]})
     bootstrap = _failed_bootstrap()
     if bootstrap is not None:
         found.insert(0, bootstrap)
@@ -237,7 +318,9 @@ def status_report() -> dict:
     patch they take down reads ``failed``, and ``status`` exits 1."""
     python = _python_info()
     vllm_version, vllm_dist = versions.installed_vllm()
-    broken = _broken(_plugin_entry())
+    shim = _shim_info(python)
+    plugin = _plugin_info(shim)
+    broken = _broken(plugin)
     core, registry, config = (sys.modules.get(f"kimi_hotfix.{m}")
                               for m in ("core", "registry", "config"))
     names = registry.names() if registry is not None else ()
@@ -252,8 +335,6 @@ def status_report() -> dict:
         "warnings": list(cfg.warning_texts),
     } if cfg is not None else {"enabled": None, "disabled": [], "forced": [], "strict": None,
                                "log_level": None, "set": {}, "warnings": []}
-    shim = _shim_info(python)
-    plugin = _plugin_info()
     wrapt = _wrapt_info()
     patches = []
     for name, patch in (registry.patches().items() if registry is not None else ()):
@@ -335,14 +416,16 @@ def print_status(report, out=None):
     w(f"  wrapt      {(wr['version'] or 'installed') if wr['installed'] else no_wrapt}"
       f"{private if wr['source'] == 'vendored' else ''}\n")
     shim = report["shim"]
-    w(f"  shim       {shim['why']}\n")
+    _wrapped(w, "  shim       ", shim["why"], " " * 13)
+    ran = ", ".join(shim["sitecustomize_ran"]) or "none"
+    _wrapped(w, "  site       ", f"sitecustomize that ran here: {ran}", " " * 13)
     if shim["sitecustomize_loaded"]:
         chained = ", ".join(shim["chained"]) or "none found later on sys.path"
         w(f"  chained    {chained}\n")
         for copy in shim["copies"]:
             w(f"  copy       {copy} (another copy of the shim's bootstrap: not chained)\n")
     pl = report["plugin"]
-    w(f"  plugin     {pl['group']}:{pl['name']} {pl['why']}\n")
+    _wrapped(w, "  plugin     ", f"{pl['group']}:{pl['name']} {pl['why']}", " " * 13)
     t = report["toggles"]
     w(f"  toggles    KIMI_HOTFIX={_flag(t['enabled'])}  "
       f"disable={','.join(t['disabled']) or '-'}  force={','.join(t['forced']) or '-'}  "

@@ -30,7 +30,10 @@ output: one ``KIMI_JSON:`` line on stdout holding a section per topic. Sections:
 Before each section the child writes ``KIMI_SECTION:<name>`` on stderr, so a
 test can read what was logged at start-up (imports and arming) apart from what
 the sections' toggling logs. With spec "threads": true the targets are imported
-by three threads at once after ``import vllm`` (test_processes.py).
+by three threads at once after ``import vllm`` (test_processes.py). With spec
+"late": true the shim's bootstrap is shadowed (an APM launcher's sitecustomize
+first on PYTHONPATH), every target is imported first, and vLLM's own plugin
+loader arms the shim afterwards (test_launcher.py).
 
 No ``assert`` here: the child may run under -O. Every fact comes from the real
 vLLM in this process; the stand-ins are never imported.
@@ -146,6 +149,17 @@ if SPEC.get("threads"):  # vLLM first, then three targets imported by three thre
 for _target in cases.TARGETS:
     importlib.import_module(_target)
 IMPORT_SECONDS = time.perf_counter() - t0
+LATE = None
+if SPEC.get("late"):  # the bootstrap shadowed by an APM launcher's sitecustomize (first on
+    # PYTHONPATH): every target is imported before anything of the shim, then vLLM's own
+    # plugin loader arms it, through the dist-info beside the package, as in an EngineCore
+    LATE = {"apm_sitecustomize": os.environ.get("STANDIN_APM_RAN"),
+            "bootstrap_loaded": "kimi_hotfix_sitecustomize" in sys.modules,
+            "armed_before": "kimi_hotfix.core" in sys.modules,  # (cases.py loads the registry)
+            "targets_imported_before": [t for t in cases.TARGETS if t in sys.modules]}
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
 if _ctor:
     sys.modules["vllm.v1.kv_cache_interface"].MLAAttentionSpec.__init__ = _ctor["original"]
 
@@ -201,6 +215,7 @@ def process():
         "kv_cache_interface_file": kvi.__file__,
         "mla_ctor_broken_at_import": bool(_ctor),
         "thread_import_errors": THREAD_ERRORS,
+        "late": LATE,
     }
 
 

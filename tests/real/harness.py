@@ -61,7 +61,7 @@ UNPATCHED_O = ("off:O:0", "off:O:1", "disable:O:1")  # the -O reproductions
 PLAN = {
     "0.28.0": ("on:plain:0", "on:O:0"),
     "0.29.0": SHIM_RUNS + ("garbage:O:2", "off:plain:0", "off:O:0", "disable:O:1", "strict:O:0",
-                           "no_source:plain:0", "no_source:O:0"),
+                           "no_source:plain:0", "no_source:O:0", "late:O:0"),
     "0.30.0": SHIM_RUNS_SHORT + UNPATCHED,
     "0.33.0": SHIM_RUNS_SHORT + UNPATCHED + ("ctor:plain:0", "ctor:O:0", "ctor_strict:plain:0",
                                              "upstream:O:0", "upstream_off:O:0",
@@ -87,6 +87,11 @@ SCENARIOS = {
     # vLLM with upstream/'s patch applied, through an overlay first on PYTHONPATH
     "upstream": ({}, {"overlay": True}),
     "upstream_off": ({"KIMI_HOTFIX": "0"}, {"overlay": True}),
+    # an APM launcher's sitecustomize first on PYTHONPATH shadows the bootstrap: vLLM's
+    # plugin loader arms the shim after every target was imported (test_launcher.py)
+    "late": ({"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "standins" / "apm_site"),
+                                             str(REPO)])},
+             {"late": True, "sections": ["process", "wrapped", "kv", "plans", "kda"]}),
 }
 
 

@@ -138,11 +138,14 @@ def check_manifest_and_tarball(bundle, archive, version):
                 f"{wrapt['dist_info']}/METADATA", f"{wrapt['dist_info']}/licenses/LICENSE"):
         assert rel in files, rel
     assert any(re.fullmatch(r"kimi_hotfix/_vendor/wrapt/_wrappers\.cpython-.*\.so", rel) for rel in files)
-    # nothing wrapt-related at the top level: the container's `import wrapt` is its own
+    # nothing wrapt-related at the top level: the container's `import wrapt` is its own;
+    # the dist-info carries the vLLM plugin entry point (arming under an APM launcher)
+    info = f"kimi_hotfix-{manifest['kimi_hotfix']}.dist-info"
     assert {rel.split("/")[0] for rel in files} == {"sitecustomize.py", "__pycache__",
-                                                    "kimi_hotfix", "VERSION"}
+                                                    "kimi_hotfix", info, "VERSION"}
     assert sorted(p.name for p in bundle.iterdir()) == [
-        "MANIFEST.json", "VERSION", "__pycache__", "kimi_hotfix", "sitecustomize.py"]
+        "MANIFEST.json", "VERSION", "__pycache__", "kimi_hotfix", info, "sitecustomize.py"]
+    assert (bundle / info / "entry_points.txt").read_text() == (REPO / info / "entry_points.txt").read_text()
     tag = "cpython-" + version.replace(".", "")
     assert f"__pycache__/sitecustomize.{tag}.opt-1.pyc" in files
     assert f"kimi_hotfix/_vendor/wrapt/__pycache__/__init__.{tag}.opt-1.pyc" in files

@@ -168,7 +168,7 @@ def test_the_recipe_steps_run_on_a_real_bundle(built, deployment, tmp_path):
     files = len(json.loads((volume / "MANIFEST.json").read_text())["files"])
     assert f"kimi-hotfix: {files} files match MANIFEST.json sha256 {real_pin}" in ok.stdout
     assert f"shim       loaded by this interpreter from {volume / 'sitecustomize.py'}" in ok.stdout
-    assert "active     arms when vLLM is imported (via sitecustomize)" in ok.stdout
+    assert "active     arms when vLLM is imported (via sitecustomize and vLLM plugin)" in ok.stdout
     wrong = run_verify("0" * 64)
     assert wrong.returncode == 1 and "not the pinned" in wrong.stderr, wrong.stderr
     target = volume / "kimi_hotfix" / "core.py"

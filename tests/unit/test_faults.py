@@ -80,6 +80,9 @@ def test_shim_cannot_load_and_status_says_why(flag):
         assert python["isolated"] is (flag == "-I")
         assert "PYTHONPATH is ignored" in shim["why"]
     assert status["active_reason"].startswith("INACTIVE"), status["active_reason"]
+    # -S keeps PYTHONPATH: the dist-info's entry point is seen (wrapt and vLLM, in
+    # site-packages, are not); -I and -E ignore it, dist-info and all
+    assert status["plugin"]["installed"] is (flag == "-S"), status["plugin"]
     assert any(note.startswith(flag + ":") for note in python["notes"]), python["notes"]
     # the human-readable status says the same
     text_args = {"-S": ["-m", "kimi_hotfix", "status"], "-E": ["-m", "kimi_hotfix", "status"],

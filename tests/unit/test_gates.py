@@ -81,7 +81,7 @@ def test_status_exits_0_only_where_the_shim_arms(stand_in_vllm):
     path = os.pathsep.join([str(REPO), str(stand_in_vllm)])
     rc, report = _status(hermetic_env(PYTHONPATH=path))
     assert (rc, report["active"]) == (0, True), report["active_reason"]
-    assert report["active_reason"] == "arms when vLLM is imported (via sitecustomize)"
+    assert report["active_reason"] == "arms when vLLM is imported (via sitecustomize and vLLM plugin)"
     # the kill switch, a typo in it (fails closed), and the directory off PYTHONPATH
     for env in (hermetic_env(PYTHONPATH=path, KIMI_HOTFIX="0"),
                 hermetic_env(PYTHONPATH=path, KIMI_HOTFIX="disabled"),

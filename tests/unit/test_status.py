@@ -211,7 +211,8 @@ def test_status_sees_the_vllm_plugin_entry_point(tmp_path):
     plugin = status(env=hermetic_env(PYTHONPATH=path, VLLM_PLUGINS="other"))["plugin"]
     assert plugin["installed"] is True and plugin["loads"] is False
     assert "VLLM_PLUGINS" in plugin["why"]
-    # Without that directory: the repository checkout itself has no dist-info.
+    assert plugin["source"] == "installed"  # a dist-info without the shim beside it: pip's layout
+    # Without that directory and without the checkout on PYTHONPATH: no plugin.
     assert status(env=hermetic_env(shim=False))["plugin"]["installed"] is False
 
 
