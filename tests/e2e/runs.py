@@ -25,6 +25,10 @@ two), each plain (vLLM as released, no shim), ``-O`` without the shim and
   sf-O-plugin   sliding-first, -O, pip-installed plugin, no PYTHONPATH
   sf-O-broken   sliding-first, -O, a copy of the shim whose kda_overlong_rows module raises
                 at import (BROKEN): that patch reads failed in every process, vLLM serves
+  sf-O-otel     sliding-first, -O, PYTHONPATH, started through OpenTelemetry's launcher
+                (``opentelemetry-instrument``, console span exporter): its sitecustomize
+                shadows the shim's bootstrap in every process; the dist-info's vLLM
+                plugin entry point arms the shim
   mla-plain     a tiny DeepSeek-V2 (MLA) on the CPU MLA backend with ngram speculative
                 decoding (MLA + speculative decoding, Kimi-K3's pairing as far as
                 a CPU server goes), plain, no shim                     reference
@@ -99,10 +103,15 @@ class RunSpec:
     twin: str = ""  # the run this one is compared with ("" for a reference)
     speculative: str = ""  # "" | "eagle" (the tiny EAGLE-1 draft) | "ngram"
     prometheus: bool = False  # a real Prometheus scrapes it with the shipped alert rules
+    launcher: str = ""  # "" | "otel": started through ``opentelemetry-instrument``
 
 
 FF, SF = "hybrid-full-first", "hybrid-sliding-first"
 OPT = ("-O",)
+# OpenTelemetry's agent as a fleet runs it, but exporting to the log: spans on the
+# console (each process's stdout), no metrics or logs exporter (no collector here)
+OTEL_ENV = {"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none", "OTEL_SERVICE_NAME": "kimi-hotfix-e2e"}
 RUNS = {r.name: r for r in (
     RunSpec("ff-plain", FF),
     RunSpec("ff-O-noshim", FF, OPT, expect="crash"),
@@ -120,6 +129,7 @@ RUNS = {r.name: r for r in (
             twin="sf-plain", prometheus=True),
     RunSpec("sf-O-plugin", SF, OPT, "plugin", twin="sf-plain"),
     RunSpec("sf-O-broken", SF, OPT, "broken", twin="sf-plain", prometheus=True),
+    RunSpec("sf-O-otel", SF, OPT, "pythonpath", OTEL_ENV, twin="sf-plain", launcher="otel"),
     RunSpec("mla-plain", "mla", decode=100, speculative="ngram"),
     RunSpec("mla-O-spawn", "mla", OPT, "pythonpath", decode=100, speculative="ngram",
             twin="mla-plain"),
@@ -128,8 +138,8 @@ RUNS = {r.name: r for r in (
 )}
 # started in this order (crashes are short: pair them; a twin next to its reference)
 ORDER = ("ff-O-noshim", "ff-O-off", "ff-plain", "ff-O-spawn", "sf-plain", "sf-O-off",
-         "sf-O-fork", "sf-O-plugin", "sf-O-broken", "ff-O-disable", "ff-O-bundle", "mla-plain", "mla-O-spawn",
-         "sfe-plain", "sfe-O")
+         "sf-O-fork", "sf-O-plugin", "sf-O-otel", "sf-O-broken", "ff-O-disable", "ff-O-bundle",
+         "mla-plain", "mla-O-spawn", "sfe-plain", "sfe-O")
 SPECULATIVE = {  # --speculative-config, "{draft}" the EAGLE draft's directory
     "eagle": {"method": "eagle", "model": "{draft}", "num_speculative_tokens": 2},
     "ngram": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
@@ -244,6 +254,9 @@ def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
     elif spec.deploy == "broken":
         path = [ws.broken(), OBSERVER]
     env = server_env(python_path=path, **spec.env)
+    launcher = ()
+    if spec.launcher == "otel":  # the serving venv's script: it execs the python given next
+        launcher = (str(Path(python).parent / "opentelemetry-instrument"),)
     extra = ()
     if spec.speculative:
         config = dict(SPECULATIVE[spec.speculative])
@@ -252,7 +265,7 @@ def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
         extra = ("--speculative-config", json.dumps(config))
     return Server(name=spec.name, model=ws.model(spec.model), log_path=logdir / f"{spec.name}.log",
                   env=env, python=python, flags=spec.flags, api_servers=spec.api_servers,
-                  extra_args=extra)
+                  extra_args=extra, launcher=launcher)
 
 
 # -- what a run does ------------------------------------------------------------

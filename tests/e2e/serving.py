@@ -162,6 +162,7 @@ class Server:
     flags: tuple = ()
     extra_args: tuple = ()
     api_servers: int = 1  # > 1: ``vllm serve --api-server-count N`` (multiprocess Prometheus)
+    launcher: tuple = ()  # a command the server is started through (opentelemetry-instrument)
     port: int = 0
     proc: subprocess.Popen = None
     started: float = 0.0
@@ -173,7 +174,7 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list:
-        python = [self.python or serve_python(), *self.flags]
+        python = [*self.launcher, self.python or serve_python(), *self.flags]
         common = ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(self.port),
                   *SERVE_ARGS, *self.extra_args]
         if self.api_servers > 1:  # only the `vllm serve` CLI starts several API servers

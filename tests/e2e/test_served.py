@@ -27,6 +27,7 @@ from kimi_hotfix.base import Kind
 
 from runs import BROKEN, DECODE_TOKENS, MEASURED, PROMPT_WORDS, RUNS, dump, run
 from serving import (
+    VLLM_PREFIX,
     groups_reports,
     kv_cache_lines,
     metrics_samples,
@@ -44,7 +45,8 @@ KIMI_K3_ONLY = ("capture_workspace", "kda_overlong_rows")
 MISSING_ATTR = "AttributeError: 'SlidingWindowSpec' object has no attribute 'attention_chunk_size'"
 ENGINE_FAILED = "RuntimeError: Engine core initialization failed. See root cause above."
 PROCESS_MARK = "KIMI_E2E_PROCESS "
-SHIM_RUNS = ("ff-O-spawn", "ff-O-bundle", "sf-O-fork", "sf-O-plugin", "mla-O-spawn", "sfe-O")
+SHIM_RUNS = ("ff-O-spawn", "ff-O-bundle", "sf-O-fork", "sf-O-plugin", "sf-O-otel", "mla-O-spawn",
+             "sfe-O")
 
 
 def healthy(name) -> dict:
@@ -272,8 +274,8 @@ def test_sliding_first_without_shim_regroups_resizes_and_departs_under_O():
         assert set(current_kinds(view).values()) == {"disabled"}, view
 
 
-@pytest.mark.servers("sf-plain", "sf-O-fork", "sf-O-plugin", "sf-O-broken")
-@pytest.mark.parametrize("name", ["sf-O-fork", "sf-O-plugin", "sf-O-broken"])
+@pytest.mark.servers("sf-plain", "sf-O-fork", "sf-O-plugin", "sf-O-broken", "sf-O-otel")
+@pytest.mark.parametrize("name", ["sf-O-fork", "sf-O-plugin", "sf-O-broken", "sf-O-otel"])
 def test_sliding_first_with_shim_groups_sizes_and_decodes_like_plain_python(name):
     plain, shim = healthy("sf-plain"), healthy(name)
     same_plan(plain, shim)
@@ -403,6 +405,48 @@ def test_worker_start_method_on_the_cpu_build():
         assert starts == {"python": None, "VLLM::EngineCor": "spawn", "VLLM::Worker": "spawn"}, starts
 
 
+# -- under a launcher ------------------------------------------------------------
+
+
+OTEL_SITE = "opentelemetry/instrumentation/auto_instrumentation/sitecustomize.py"
+
+
+@pytest.mark.servers("sf-O-otel")
+def test_under_opentelemetry_instrument_the_plugin_arms_every_process():
+    """``opentelemetry-instrument python -O -m vllm...`` (issue 32): OpenTelemetry's
+    sitecustomize, first on PYTHONPATH in every process (it puts its directory
+    back for children), ran instead of the shim's bootstrap, which it does not
+    chain; the agent was active (its console exporter printed the server's
+    spans); and still every vLLM process was armed, by vLLM's plugin loader
+    through the dist-info beside the shim, before vLLM ran the code the patches
+    fix (same groups, KV cache size and text as the plain twin:
+    test_sliding_first_with_shim_... [sf-O-otel]; every process's line and its
+    /metrics view: the SHIM_RUNS tests). What each process had imported of the
+    patches' targets when it armed (late: after them) is in MEASURED."""
+    from runs import OBSERVER
+
+    record = healthy("sf-O-otel")
+    log, procs = record["log"], vllm_processes(record)
+    reports = process_reports(log)
+    assert set(procs) <= set(reports), (procs, reports)
+    observer = (OBSERVER / "kimi_e2e_observer.py").read_text()
+    assert all(f'"{p.target}"' in observer for p in registry.patches().values())
+    for pid in procs:
+        report = reports[pid]
+        assert (report["sitecustomize"] or "").endswith(OTEL_SITE), report  # shadowed
+        assert report["shim_armed"] is True, report  # armed by the time vLLM loaded plugins
+    assert "Failed to auto initialize OpenTelemetry" not in log
+    plain_log = "\n".join(VLLM_PREFIX.sub("", line) for line in log.splitlines())
+    spans = re.findall(r'^\s*"name": "([^"]+)",\s*\n\s*"context": \{\s*\n\s*"trace_id": "0x[0-9a-f]{32}"',
+                       plain_log, re.M)
+    assert any("/v1/completions" in name for name in spans), spans[:20]
+    roles = {pid: procs[pid] for pid in procs}
+    MEASURED["under opentelemetry-instrument"] = {
+        "spans (console exporter)": len(spans),
+        "targets imported when the plugin armed the shim": {
+            roles[pid]: reports[pid]["imported"] for pid in procs}}
+
+
 # -- fleet visibility ---------------------------------------------------------
 
 
@@ -471,11 +515,14 @@ def test_metrics_endpoint_shows_every_process_of_the_server(name):
     fixes are visible there, not only in their logs."""
     record = healthy(name)
     views, roles = served_pod(record)
-    armed = "vllm-plugin" if RUNS[name].deploy == "plugin" else "sitecustomize"
+    plugin_only = RUNS[name].deploy == "plugin" or RUNS[name].launcher  # no bootstrap ran
+    armed = "vllm-plugin" if plugin_only else "sitecustomize"
     current = {}
     for pid, view in views.items():
         (info,) = view["info"]
         assert info["enabled"] == "true" and info["armed_by"].split(",")[0] == armed, info
+        if plugin_only:
+            assert info["armed_by"] == "vllm-plugin", info
         current[pid] = current_kinds(view)
         assert "failed" not in current[pid].values(), current
         assert view["cost"]["arm"] > 0, view["cost"]

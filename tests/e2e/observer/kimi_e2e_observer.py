@@ -12,9 +12,14 @@ that calls vLLM's function unchanged and prints its result, one line on stderr:
     KIMI_E2E_GROUPS {"pid": N, "groups": [{"spec": "SlidingWindowSpec", "layers": [...], ...}]}
 
 and, once per process, how that process was started (vLLM may override the
-start method it was asked for):
+start method it was asked for), which of kimi-hotfix's target modules the
+process had imported when vLLM loaded its plugins, and whether kimi-hotfix was
+armed by then (vLLM loads plugins in the order of sys.path: the shim's
+directory comes before this one, so a shim armed by its own plugin entry is
+armed here; ``null`` where no kimi-hotfix is loaded):
 
-    KIMI_E2E_PROCESS {"pid": N, "ppid": M, "start": "spawn"}
+    KIMI_E2E_PROCESS {"pid": N, "ppid": M, "start": "spawn", "imported": [...], "shim_armed": true,
+                      "sitecustomize": "/path/of/the/sitecustomize/module/site.py/imported"}
 
 ``start`` is read from the call stack, not from settings: a child started by
 multiprocessing runs under ``multiprocessing/spawn.py`` (spawn and forkserver's
@@ -51,11 +56,31 @@ def _emit(payload, mark=MARK):
     sys.stderr.flush()
 
 
+# kimi-hotfix's patch targets (tests/e2e/test_served.py checks them against its registry:
+# the observer imports nothing of kimi-hotfix, and runs the same way without it)
+TARGETS = ("vllm.v1.kv_cache_interface", "vllm.v1.worker.gpu.cudagraph_utils",
+           "vllm.models.kimi_k3.nvidia.kda_metadata", "vllm.distributed.parallel_state",
+           "vllm.config.vllm")
+
+
+def _shim_armed():
+    state = sys.modules.get("kimi_hotfix.state")
+    if state is None:
+        return None
+    try:
+        return state.config() is not None
+    except Exception:
+        return None
+
+
 def _report_process():
     if os.getpid() in _reported:
         return
     _reported.append(os.getpid())
-    _emit({"ppid": os.getppid(), "start": _start_method()}, PROCESS_MARK)
+    _emit({"ppid": os.getppid(), "start": _start_method(),
+           "imported": [t for t in TARGETS if t in sys.modules], "shim_armed": _shim_armed(),
+           "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None)},
+          PROCESS_MARK)
 
 
 def _start_method():
