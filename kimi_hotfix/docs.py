@@ -1,9 +1,10 @@
-"""The README's generated tables: what the shim fixes (from the patches'
-metadata), every line it can log (from kimi_hotfix.messages) and the exit codes
+"""The generated tables of README.md and docs/troubleshooting.md: what the shim
+fixes (from the patches' metadata), every line it can log (from
+kimi_hotfix.messages: docs/troubleshooting.md), the states, and the exit codes
 of the commands (from kimi_hotfix.cli, which ``--help`` prints too).
 
-``scripts/docs`` writes them between the README's markers; a unit test fails
-when the README differs from ``render(readme_text)``. Imports no vLLM.
+``scripts/docs`` writes them between the pages' markers; a unit test fails
+when a page differs from ``render(its text)``. Imports no vLLM.
 """
 
 from __future__ import annotations
@@ -68,10 +69,12 @@ def exit_table() -> str:
 
 TABLES = {"patch-table": patch_table, "log-table": log_table, "state-table": state_table,
           "exit-table": exit_table}
+PAGES = {"README.md": ("patch-table", "state-table", "exit-table"),
+         "docs/troubleshooting.md": ("log-table",)}  # where each table lives
 
 
 def render(text: str) -> str:
-    """``text`` (the README) with every generated table brought up to date."""
+    """``text`` (a page of ``PAGES``) with every generated table in it brought up to date."""
     for marker, make in TABLES.items():
         text = re.sub(rf"(<!-- {marker} -->\n).*?(<!-- /{marker} -->)",
                       lambda m, make=make: m.group(1) + make() + m.group(2), text, flags=re.S)

@@ -1,8 +1,8 @@
 """Every line the shim logs, in one catalog, and its one log handler.
 
 The package logs only through ``emit(MESSAGE, *args)`` (a unit test scans the
-code for any other logging call), so this catalog is complete: the README's
-troubleshooting table is generated from it (kimi_hotfix.docs) and lists every
+code for any other logging call), so this catalog is complete: the table of
+docs/troubleshooting.md is generated from it (kimi_hotfix.docs) and lists every
 line an operator can see, what it means and what to do. The bootstrap
 (sitecustomize.py) cannot import the package when the package is broken; it
 carries the text of ``INACTIVE`` itself, and a test checks the two agree.

@@ -80,6 +80,17 @@ def _dist_dir(dist) -> str:
     return os.path.abspath(str(path)) if path is not None else "?"
 
 
+def _first_sitecustomize():
+    """The file of the first ``sitecustomize`` on the path site.py searched."""
+    from importlib.machinery import PathFinder
+
+    try:
+        spec = PathFinder.find_spec("sitecustomize", sys.path[1:])
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None else None
+
+
 def _is_shim_dir(path) -> bool:
     return os.path.isfile(os.path.join(path, "sitecustomize.py")) and os.path.isdir(
         os.path.join(path, "kimi_hotfix"))
@@ -134,11 +145,15 @@ def _shim_info(python):
     shim_dirs = [os.path.abspath(p) for p in pythonpath if _is_shim_dir(p)]
     other = sys.modules.get("sitecustomize")
     other_file = getattr(other, "__file__", None) if other is not None else None
-    ran = []  # every sitecustomize that ran in this interpreter, in order
-    if site is not None:
-        ran = [getattr(site, "LOADED_FROM", None), *(getattr(site, "CHAINED", []) or [])]
-    elif other_file:
-        ran = [other_file]
+    ran = []  # every sitecustomize that ran in this interpreter, in order: the first
+    # on the path site.py searched (without this command's own sys.path[0]), which may
+    # have chained the bootstrap (ddtrace-run's does), then what the bootstrap chained
+    if not python["no_site"]:
+        ran = [_first_sitecustomize()]
+        if site is not None:
+            ran += [getattr(site, "LOADED_FROM", None), *(getattr(site, "CHAINED", []) or [])]
+        elif other_file:
+            ran += [other_file]
     # shadowed: the shim's directory is on PYTHONPATH, but another sitecustomize
     # ran instead of its bootstrap and did not chain it (an APM launcher's)
     shadowed_by = other_file if site is None and shim_dirs and other_file else None
@@ -149,7 +164,7 @@ def _shim_info(python):
         "copies": list(getattr(site, "COPIES", []) or []),  # other copies of the bootstrap, skipped
         "pythonpath_shim_dirs": shim_dirs,
         "sitecustomize_module": other_file,  # the module site.py imported last
-        "sitecustomize_ran": [os.path.abspath(f) for f in ran if f],
+        "sitecustomize_ran": list(dict.fromkeys(os.path.abspath(f) for f in ran if f)),
         "shadowed_by": shadowed_by,
     }
     if site is not None:

@@ -122,7 +122,7 @@ LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critic
 
 def test_the_package_logs_only_through_the_catalog():
     """Every line the shim can log is in kimi_hotfix.messages (and so in the
-    README's troubleshooting table): no other logging call in the package."""
+    troubleshooting table, docs/troubleshooting.md): no other logging call in the package."""
     found = []
     for path in [*PACKAGE.rglob("*.py"), REPO / "sitecustomize.py"]:
         if path.name == "messages.py":
@@ -170,9 +170,12 @@ def test_no_assert_in_the_package():
 
 
 def test_readme_tables_are_generated():
-    readme = (REPO / "README.md").read_text()
-    for marker in docs.TABLES:
-        assert f"<!-- {marker} -->" in readme and f"<!-- /{marker} -->" in readme, marker
-    assert docs.render(readme) == readme, "run: scripts/docs --table (regenerates them)"
+    assert sorted(m for markers in docs.PAGES.values() for m in markers) == sorted(docs.TABLES)
+    for name, markers in docs.PAGES.items():
+        page = (REPO / name).read_text()
+        for marker in markers:
+            assert f"<!-- {marker} -->" in page and f"<!-- /{marker} -->" in page, (name, marker)
+        assert docs.render(page) == page, "run: scripts/docs --table (regenerates them)"
+    troubleshooting = (REPO / "docs" / "troubleshooting.md").read_text()
     for message in messages.CATALOG:  # the troubleshooting table lists every line
-        assert message.shown.replace("|", "\\|") in readme, message.shown
+        assert message.shown.replace("|", "\\|") in troubleshooting, message.shown
