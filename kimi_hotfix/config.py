@@ -6,6 +6,8 @@ KIMI_HOTFIX_FORCE     comma-separated patch names to apply even where vLLM looks
 KIMI_HOTFIX_STRICT    1: a patch that should apply but cannot raises at import
 KIMI_HOTFIX_LOG_LEVEL level of the ``kimi_hotfix`` logger (default INFO)
 KIMI_HOTFIX_LOG_FORMAT text (default) or json: one JSON object per line
+KIMI_HOTFIX_POD_FILES 1 (default) or 0: 0 writes no file for /metrics' pod view
+                      (docs/security.md); an unknown value is off (it writes nothing)
 
 Values: case and surrounding spaces are ignored; unset and empty are the same.
 Nothing here raises: a value that cannot be parsed yields one warning that lists
@@ -41,6 +43,7 @@ class Config:
     strict: bool = False
     log_level: str = "INFO"
     log_format: str = "text"
+    pod_files: bool = True
     warnings: tuple = field(default=())
     raw: tuple = ()  # (name, value) pairs of the variables that were set
 
@@ -127,6 +130,8 @@ def parse(valid_names, environ=None) -> Config:
                                                  _shown(env.get("KIMI_HOTFIX_LOG_FORMAT")),
                                                  ", ".join(FORMATS), "text")))
         log_format = "text"
+    pod_files = _flag("KIMI_HOTFIX_POD_FILES", env.get("KIMI_HOTFIX_POD_FILES"), True, warnings,
+                      unknown=False)
     raw = tuple(
         (k, env[k])
         for k in (
@@ -136,7 +141,20 @@ def parse(valid_names, environ=None) -> Config:
             "KIMI_HOTFIX_STRICT",
             "KIMI_HOTFIX_LOG_LEVEL",
             "KIMI_HOTFIX_LOG_FORMAT",
+            "KIMI_HOTFIX_POD_FILES",
         )
         if k in env
     )
-    return Config(enabled, disabled, forced, strict, level, log_format, tuple(warnings), raw)
+    return Config(enabled, disabled, forced, strict, level, log_format, pod_files,
+                  tuple(warnings), raw)
+
+
+def printable(value: str) -> str:
+    """``value`` as one safe piece of a log line: control characters (a newline
+    would start a forged line), ``|`` (the summary line's separator) and
+    backslashes escaped, cut to SHOWN characters."""
+    if len(value) > SHOWN:
+        value = f"{value[:SHOWN]}... ({len(value)} characters)"
+    return "".join(c if c.isprintable() and c not in "|\\" else
+                   (f"\\x{ord(c):02x}" if ord(c) < 256 else c.encode("unicode_escape").decode())
+                   for c in value)

@@ -52,10 +52,8 @@ def _strict() -> bool:
 def initial_state(name: str, cfg) -> State:
     """The state arming gives ``name`` before its module loads (status shows it
     too): ``failed`` where the patch's own module cannot be loaded."""
-    if not cfg.enabled:  # the value as set, cut like the toggle warning cuts it
-        value = os.environ.get("KIMI_HOTFIX") or ""
-        if len(value) > _config_mod.SHOWN:
-            value = f"{value[:_config_mod.SHOWN]}... ({len(value)} characters)"
+    if not cfg.enabled:  # the value as set, cut and escaped: it ends up in the summary line
+        value = _config_mod.printable(os.environ.get("KIMI_HOTFIX") or "")
         return State(Kind.DISABLED, f"KIMI_HOTFIX={value}")
     if name in cfg.disabled:
         return State(Kind.DISABLED, "KIMI_HOTFIX_DISABLE")

@@ -104,11 +104,21 @@ METRICS_FAILED = Message(
     "kimi-hotfix: metrics: <what failed>; /metrics lacks the kimi_hotfix series",
     "the states could not reach vLLM's /metrics (logged once); the patches are unaffected",
     "read the log lines; report it with the traceback that follows")
+POD_REFUSED = Message(
+    logging.WARNING,
+    "kimi-hotfix: metrics: KIMI_HOTFIX_POD_DIR=%s is not a private directory of this user "
+    "(a link, another user's, or writable by others); using a new one",
+    "kimi-hotfix: metrics: KIMI_HOTFIX_POD_DIR=<path> is not a private directory of this user "
+    "(...); using a new one",
+    "the pod directory named is refused: another user could read, plant or remove records there "
+    "(docs/security.md)",
+    "point it at a directory the server's user owns that no one else can write, or unset it")
 
 CONFIG_FLAG = Message(
     logging.WARNING, "%s=%s is not understood; valid values: %s or %s; using %s",
-    "KIMI_HOTFIX[_STRICT]=<value> is not understood; valid values: ...; using off ...",
-    "not a valid value: KIMI_HOTFIX is off (it fails closed), KIMI_HOTFIX_STRICT off",
+    "KIMI_HOTFIX[_STRICT\\|_POD_FILES]=<value> is not understood; valid values: ...; using off ...",
+    "not a valid value: KIMI_HOTFIX is off (it fails closed), KIMI_HOTFIX_STRICT off, "
+    "KIMI_HOTFIX_POD_FILES off (it writes nothing)",
     "fix the variable")
 CONFIG_NAMES = Message(
     logging.WARNING, "%s: unknown patch name%s %s%s ignored; valid names: %s, or *",
@@ -125,7 +135,7 @@ CONFIG_LEVEL = Message(
 
 CATALOG = (SUMMARY, INACTIVE, WRAPT_MISSING, ARMING_FAILED, LOAD_FAILED, HOOK_FAILED,
            UNSURE_APPLIED, UNSURE_FAILED, APPLY_FAILED, WRAPPER_FAILED, UNDO_INCOMPLETE, FORK_INTERRUPTED,
-           METRICS_FAILED, CONFIG_FLAG, CONFIG_NAMES, CONFIG_BOTH, CONFIG_LEVEL)
+           METRICS_FAILED, POD_REFUSED, CONFIG_FLAG, CONFIG_NAMES, CONFIG_BOTH, CONFIG_LEVEL)
 
 
 def emit(message: Message, *args, exc_info=None, fields=None) -> None:

@@ -33,29 +33,39 @@ vllm/v1/metrics/prometheus.py):
 
 * **Default mode** (no ``PROMETHEUS_MULTIPROC_DIR``; one API server): the route
   serves prometheus_client's default ``REGISTRY`` of the API server. Every vLLM
-  process writes its record (``<pid>.json``: role, states, costs, the start time
-  of the process) into a per-server *pod directory* on every change of its
-  states, and removes it at exit. The first process that arms creates the
-  directory (``tempfile.mkdtemp``, ``kimi-hotfix-pod-<its pid>-*``), exports it
-  as ``KIMI_HOTFIX_POD_DIR`` (the EngineCore and the workers inherit it, spawned
-  or forked) and removes it at its exit; the next creator removes those whose
-  creator is gone without (SIGKILL, ``os._exit``). An operator may set the
-  variable to a directory of their own (then nothing removes it). The shim's collector, on
-  the default registry, reads the directory at each scrape; a record whose
-  process is gone (no such pid, or a pid reused: another start time) is
-  dropped and its file removed: never served as live.
+  process writes its record (``<pid>-<start>-<pidns>.json``: role, states,
+  costs) into a per-server *pod directory* on every change of its states, and
+  removes it at exit. The first process that arms creates the directory
+  (``tempfile.mkdtemp``: 0700, ``kimi-hotfix-pod-<euid>-*``), holds an exclusive
+  ``flock`` on its ``owner.lock`` for its lifetime, exports it as
+  ``KIMI_HOTFIX_POD_DIR`` (the EngineCore and the workers inherit it) and
+  removes it at exit. The shim's collector, on the default registry, reads the
+  directory at each scrape; a record is served only where its name's process is
+  alive with that start time in this pid namespace, and the pid label comes
+  from the name. docs/security.md says what is trusted and why.
 * **Multiprocess mode** (``PROMETHEUS_MULTIPROC_DIR`` set: ``vllm serve
   --api-server-count N``, or the operator's own): the route builds a fresh
   registry with a ``MultiProcessCollector`` at each scrape, so only files in
   that directory are served. The shim writes its series as multiprocess
   gauges (``multiprocess_mode="liveall"``: pid-labelled by prometheus_client),
   rewritten on every change of the states, in every process that imported
-  prometheus_client with the variable set. At exit a process removes its
-  ``gauge_liveall_<pid>.db``; every write also removes the files of pids that
-  are gone (a SIGKILLed process's series stay until the next write of any
-  process of the server). When a process's role changes (a forked child
-  renamed), the old role's series are set to 0. vLLM 0.29 itself writes no
-  ``liveall`` gauge.
+  prometheus_client with the variable set; each such process holds a ``flock``
+  on its ``kimi-hotfix-live-<pid>-*.lock`` there. At exit a process removes its
+  ``gauge_liveall_<pid>.db``; every write also removes those of processes whose
+  lock nobody holds any more (dead: the kernel drops a dead process's locks, in
+  every pid namespace), unless a live process of the same pid holds one. A
+  SIGKILLed process's series stay until the next write of a live process. When
+  a process's role changes (a forked child renamed), the old role's series are
+  set to 0. vLLM 0.29 itself writes no ``liveall`` gauge.
+
+Files: created exclusively (``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600) in a
+directory opened without following links and checked to be this user's own
+and writable by no one else; only names this module makes are read or removed,
+and only when provably dead (a lock nobody holds, or a process that is gone or
+started at another time in this pid namespace). Every name and number read from
+the outside is parsed strictly and fails that entry alone. ``KIMI_HOTFIX_POD_FILES=0``
+writes none of these files (the scrape then shows the API server's own states,
+and multiprocess mode sweeps nothing).
 
 Everything goes through post-import hooks and the states' change listener:
 this module imports neither prometheus_client nor vLLM. Containment: hooks,
@@ -69,6 +79,8 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
+import stat
 import sys
 import tempfile
 
@@ -87,7 +99,15 @@ PROMETHEUS = "prometheus_client"
 MULTIPROC_VARS = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
 POD_VAR = "KIMI_HOTFIX_POD_DIR"
 POD_PREFIX = "kimi-hotfix-pod-"
+OWNER = "owner.lock"
 PHASES = ("arm", "settle", "first_call")
+# the names this module makes, and the only ones it reads or removes (ASCII digits,
+# bounded: a name from the outside never reaches int() or os.kill() out of range)
+RECORD = re.compile(r"([0-9]{1,10})-([0-9]{1,20})-([0-9]{1,20})\.json", re.ASCII)
+LIVE = re.compile(r"kimi-hotfix-live-([0-9]{1,10})-[a-z0-9_]{1,16}\.lock", re.ASCII)
+GAUGE = "gauge_liveall_{}.db"
+MAX_RECORD = 65536  # bytes: a record is a few hundred
+PID_MAX = 1 << 22  # the kernel's pid_max ceiling
 
 _states = None
 _version = ""
@@ -97,6 +117,8 @@ _gauges = None  # multiprocess mode: (info, state, cost) gauges
 _written = None  # multiprocess mode: (role, info labels) last written
 _pod = None  # default mode: the pod directory
 _owner = None  # the pid that created the pod directory (it removes it at exit)
+_lock_fd = None  # the flock this process holds: the pod's owner.lock, or its live lock
+_live_lock = None  # multiprocess mode: the name of this process's live lock
 _last = None  # the record last written to the pod directory
 _closed = False
 _warned = False
@@ -124,9 +146,19 @@ def _start_time(pid) -> str:
     reused pid apart; "" where /proc cannot tell."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
+            found = f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
         return ""
+    return found if found.isascii() and found.isdigit() else ""
+
+
+def _pid_ns() -> str:
+    """This process's pid namespace (the inode of /proc/self/ns/pid), "" unknown."""
+    try:
+        found = re.fullmatch(r"pid:\[([0-9]{1,20})\]", os.readlink("/proc/self/ns/pid"), re.ASCII)
+    except OSError:
+        return ""
+    return found.group(1) if found else ""
 
 
 _title_role = messages.title_role
@@ -147,44 +179,189 @@ def record() -> dict:
     }
 
 
-# -- default mode: the pod directory and the collector ----------------------------------
+def _pod_files_on() -> bool:
+    cfg = state.config()
+    return cfg is None or cfg.pod_files
 
 
-def _alive(pid: int, start: str) -> bool:
+# -- files: only this user's own, never through a link ----------------------------------
+
+
+def _open_dir(path):
+    """A descriptor of ``path``: a real directory (not a link), this user's own,
+    writable by no one else; None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError, TypeError):
+        return None
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _own_file(name, dfd, flags=os.O_RDONLY):
+    """A descriptor of the regular file ``name`` in ``dfd`` that this user owns;
+    None where it is missing, a link or another's."""
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        return None
+    return fd
+
+
+def _create(name, dfd, data: bytes = b"") -> None:
+    """Write ``name`` in ``dfd`` whole: a new private file (O_EXCL, 0600), renamed over."""
+    tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=dfd)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+def _locked_file(name, dfd):
+    """Create ``name`` in ``dfd`` already locked (flock, exclusive): the lock is
+    taken on a private temporary name, then the file is renamed into place, so
+    nobody sees it unlocked while this process lives. Returns the descriptor."""
+    import fcntl
+
+    tmp = f".{name}.tmp"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=dfd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _held(name, dfd):
+    """True where a live process holds the lock on ``name``; False where nobody
+    does (its holder is dead: the kernel released it); None where it cannot be
+    told (missing, a link, another's, no flock here)."""
+    import fcntl
+
+    fd = _own_file(name, dfd)
+    if fd is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return False
+
+
+def _unlink(name, dfd) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except OSError:
+        pass
+
+
+def _alive(pid: int, start: str):
+    """True where ``pid`` runs in this pid namespace and started at ``start``;
+    False where it provably does not; None where it cannot be told."""
+    if not 0 < pid < PID_MAX:
+        return None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # EPERM: it exists
+    except (OSError, OverflowError, ValueError):  # EPERM: it exists
         pass
-    return not start or _start_time(pid) in ("", start)
+    found = _start_time(pid)
+    if not found:
+        return None
+    return found == start
+
+
+# -- default mode: the pod directory and the collector ----------------------------------
+
+
+def _record_name(rec) -> str:
+    ns = _pid_ns()
+    return f"{rec['pid']}-{rec['start']}-{ns}.json" if rec["start"] and ns else ""
+
+
+def _shape(rec) -> bool:
+    """A record as ``record()`` writes it: else it is skipped, alone."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("role"), str):
+        return False
+    info, states, cost = rec.get("info"), rec.get("states"), rec.get("cost")
+    kinds = {k.value for k in base.Kind}
+    return (isinstance(info, dict) and all(isinstance(info.get(k), str) for k in INFO_LABELS)
+            and isinstance(states, dict)
+            and all(isinstance(k, str) and v in kinds for k, v in states.items())
+            and isinstance(cost, dict)
+            and all(isinstance(cost.get(p, 0.0), (int, float)) for p in PHASES))
+
+
+def _read_record(name, dfd):
+    fd = _own_file(name, dfd)
+    if fd is None:
+        return None
+    try:
+        data = os.read(fd, MAX_RECORD + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_RECORD:
+        return None
+    try:
+        rec = json.loads(data)
+    except ValueError:  # being replaced right now, or not ours
+        return None
+    return rec if _shape(rec) else None
 
 
 def _pod_records() -> list:
     """Every live process's record in the pod directory; this process's own
-    read now. Files of processes that are gone are removed."""
+    read now. Each file counts alone: one that is not a record of a live
+    process of this pid namespace is skipped; one of a dead process is removed."""
     me = record()
     if me["role"] == "main":
         me["role"] = "APIServer"  # the process answering the scrape serves the API
     out = [me]
-    if _pod is None:
+    dfd = _open_dir(_pod) if _pod is not None else None
+    if dfd is None:
         return out
-    for entry in sorted(os.listdir(_pod)):
-        stem, _, ext = entry.partition(".")
-        if ext != "json" or not stem.isdigit() or int(stem) == me["pid"]:
-            continue
-        path = os.path.join(_pod, entry)
-        try:
-            with open(path) as f:
-                rec = json.load(f)
-        except (OSError, ValueError):
-            continue  # being replaced right now, or removed
-        if not _alive(int(stem), rec.get("start", "")):
-            _unlink(path)
-            continue
-        if rec.get("role", "main") == "main":  # a forked child renamed since it wrote
-            rec["role"] = _title_role(rec["pid"]) or "main"
-        out.append(rec)
+    try:
+        ns = _pid_ns()
+        for entry in sorted(os.listdir(dfd)):
+            try:
+                found = RECORD.fullmatch(entry)
+                if found is None or found.group(3) != ns or int(found.group(1)) == me["pid"]:
+                    continue
+                pid, start = int(found.group(1)), found.group(2)
+                alive = _alive(pid, start)
+                if alive is False:
+                    _unlink(entry, dfd)
+                if not alive:
+                    continue
+                rec = _read_record(entry, dfd)
+                if rec is None:
+                    continue
+                rec = dict(rec, pid=pid)  # the label comes from the name, not the contents
+                if rec["role"] == "main":  # a forked child renamed since it wrote
+                    rec["role"] = _title_role(pid) or "main"
+                out.append(rec)
+            except Exception:  # one bad entry loses only itself
+                continue
+    finally:
+        os.close(dfd)
     return out
 
 
@@ -221,38 +398,81 @@ class ShimCollector:
 
 
 def _open_pod() -> None:
-    global _pod, _owner
+    """Use the server's pod directory (``KIMI_HOTFIX_POD_DIR``, inherited from
+    the process that made it) where it is this user's private directory; else
+    make one and export it."""
+    global _pod, _owner, _lock_fd
     given = os.environ.get(POD_VAR)
-    if given and os.path.isdir(given):
-        _pod = given
-        return
-    _pod = tempfile.mkdtemp(prefix=f"{POD_PREFIX}{os.getpid()}-")
-    _owner = os.getpid()
-    os.environ[POD_VAR] = _pod  # the EngineCore and the workers inherit it
-    _sweep_pods(os.path.dirname(_pod))
+    if given:
+        dfd = _open_dir(given)
+        if dfd is not None:
+            os.close(dfd)
+            _pod = given
+            return
+        messages.emit(messages.POD_REFUSED, _shown(given))
+    tmp = tempfile.gettempdir()
+    made = tempfile.mkdtemp(prefix=f"{POD_PREFIX}{os.geteuid()}-", dir=tmp)  # 0700
+    dfd = _open_dir(made)
+    if dfd is None:
+        raise OSError(f"{made} is not a private directory")
+    try:
+        _lock_fd = _locked_file(OWNER, dfd)
+    finally:
+        os.close(dfd)
+    _pod, _owner = made, os.getpid()
+    os.environ[POD_VAR] = made  # the EngineCore and the workers inherit it
+    _sweep_pods(tmp)
+
+
+def _shown(value) -> str:
+    text = value if len(value) <= 200 else f"{value[:200]}... ({len(value)} characters)"
+    return repr(text)
 
 
 def _sweep_pods(tmp) -> None:
-    """Remove the pod directories of creators that are gone (SIGKILLed, or
-    ended by ``os._exit``): ``kimi-hotfix-pod-<pid>-*``."""
+    """Remove the pod directories of this user whose owner is gone: nobody
+    holds their ``owner.lock`` (its creator died: SIGKILL, ``os._exit``; the
+    kernel releases the lock in whatever pid namespace it lived). A directory
+    without that lock (being made, or not ours) is left alone."""
     import shutil
 
-    for entry in os.listdir(tmp):
-        pid = entry[len(POD_PREFIX):].split("-", 1)[0] if entry.startswith(POD_PREFIX) else ""
-        if pid.isdigit() and not _alive(int(pid), ""):
-            shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
+    mine = f"{POD_PREFIX}{os.geteuid()}-"
+    tfd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for entry in os.listdir(tfd):
+            if not entry.startswith(mine) or os.path.join(tmp, entry) == _pod:
+                continue
+            try:
+                dfd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=tfd)
+            except OSError:
+                continue
+            try:
+                info = os.fstat(dfd)
+                dead = (info.st_uid == os.geteuid() and not info.st_mode & 0o077
+                        and _held(OWNER, dfd) is False)
+            finally:
+                os.close(dfd)
+            if dead:  # rmtree refuses a link and walks by descriptors on Linux: no link followed
+                shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
+    finally:
+        os.close(tfd)
 
 
 def _write_pod(rec: dict) -> None:
     global _last
     if rec == _last:
         return
-    path = os.path.join(_pod, f"{rec['pid']}.json")
-    if not os.path.isdir(_pod):  # removed under us (a /tmp cleaner): the pod goes on
-        os.makedirs(_pod, exist_ok=True)
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(rec, f)
-    os.replace(f"{path}.tmp", path)
+    name = _record_name(rec)
+    if not name:
+        return  # no /proc: no start time or pid namespace to name the record by
+    dfd = _open_dir(_pod)
+    if dfd is None:  # gone (a /tmp cleaner) or not ours any more: never recreated
+        raise OSError(f"the pod directory {_pod} is gone or not private")
+    try:
+        _create(name, dfd, json.dumps(rec).encode())
+    finally:
+        os.close(dfd)
     _last = rec
 
 
@@ -263,12 +483,53 @@ def _multiproc_dir():
     return next((os.environ[v] for v in MULTIPROC_VARS if os.environ.get(v)), None)
 
 
-def _liveall(pid) -> str:
-    return os.path.join(_multiproc_dir() or "", f"gauge_liveall_{pid}.db")
+def _sweep_gauges(directory) -> None:
+    """Remove ``gauge_liveall_<pid>.db`` of processes that are gone: their live
+    lock is held by nobody, and no live process of that pid (another pid
+    namespace, a reused pid) holds one. Files without a lock are not ours."""
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        live, dead = set(), {}
+        for entry in os.listdir(dfd):
+            found = LIVE.fullmatch(entry)
+            if found is None or entry == _live_lock:
+                continue
+            held = _held(entry, dfd)
+            if held is True:
+                live.add(found.group(1))
+            elif held is False:
+                dead.setdefault(found.group(1), []).append(entry)
+        if _live_lock:
+            live.add(str(os.getpid()))
+        for pid, locks in dead.items():
+            if pid not in live:
+                fd = _own_file(GAUGE.format(pid), dfd)
+                if fd is not None:
+                    os.close(fd)
+                    _unlink(GAUGE.format(pid), dfd)
+            for entry in locks:
+                _unlink(entry, dfd)
+    finally:
+        os.close(dfd)
+
+
+def _take_live_lock(directory) -> None:
+    global _lock_fd, _live_lock
+    if _live_lock is not None or not _pod_files_on():
+        return
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        name = f"kimi-hotfix-live-{os.getpid()}-{os.urandom(6).hex()}.lock"
+        _lock_fd = _locked_file(name, dfd)
+        _live_lock = name
+    finally:
+        os.close(dfd)
 
 
 def _write_gauges(rec: dict) -> None:
     global _written
+    directory = _multiproc_dir()
+    _take_live_lock(directory)  # before any gauge file of this pid exists
     info, states, cost = _gauges
     who = rec["role"]
     labels = tuple(rec["info"][k] for k in INFO_LABELS)
@@ -289,12 +550,8 @@ def _write_gauges(rec: dict) -> None:
             states.labels(patch, kind.value, who).set(float(current == kind.value))
     for phase in PHASES:
         cost.labels(phase, who).set(float(rec["cost"].get(phase, 0.0)))
-    directory = _multiproc_dir()
-    for entry in os.listdir(directory):  # the files of processes that are gone
-        if entry.startswith("gauge_liveall_") and entry.endswith(".db"):
-            pid = entry[len("gauge_liveall_"):-3]
-            if pid.isdigit() and not _alive(int(pid), ""):
-                _unlink(os.path.join(directory, entry))
+    if _live_lock is not None:
+        _sweep_gauges(directory)
 
 
 # -- publishing ---------------------------------------------------------------------
@@ -314,22 +571,28 @@ def publish() -> None:
         _warn_once("writing this process's states failed")
 
 
-def _unlink(path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def _at_exit() -> None:
     """This process's series leave with it; the pod directory with its creator."""
     global _closed
     _closed = True
     try:
         if _gauges is not None:
-            _unlink(_liveall(os.getpid()))
+            directory = _multiproc_dir()
+            if directory and _live_lock is not None:
+                dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    _unlink(GAUGE.format(os.getpid()), dfd)
+                    _unlink(_live_lock, dfd)
+                finally:
+                    os.close(dfd)
         if _pod is not None:
-            _unlink(os.path.join(_pod, f"{os.getpid()}.json"))
+            dfd = _open_dir(_pod)
+            if dfd is not None:
+                try:
+                    if _last is not None:
+                        _unlink(_record_name(_last), dfd)
+                finally:
+                    os.close(dfd)
             if _owner == os.getpid():
                 import shutil
 
@@ -339,8 +602,17 @@ def _at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _written, _last
-    _written = _last = None  # the child writes its own series under its own pid
+    """The child writes its own series under its own pid; the parent's lock is
+    the parent's (closing the inherited descriptor does not release it)."""
+    global _written, _last, _lock_fd, _live_lock, _owner
+    _written = _last = None
+    if _lock_fd is not None:
+        try:
+            os.close(_lock_fd)
+        except OSError:
+            pass
+    _lock_fd = _live_lock = None
+    _owner = None
 
 
 def _on_prometheus_client(module) -> None:
@@ -391,11 +663,14 @@ def install(states, version: str, targets=()) -> bool:
     try:
         _installed = True
         _states, _version, _collector = states, version, ShimCollector()
-        if not _multiproc_dir():
-            _open_pod()
         atexit.register(_at_exit)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_in_child)
+        if not _multiproc_dir() and _pod_files_on():
+            try:
+                _open_pod()
+            except Exception:
+                _warn_once("making the pod directory failed")
         state.listeners.append(publish)
         wrapt.register_post_import_hook(_on_prometheus_client, PROMETHEUS)
         for target in dict.fromkeys(targets):

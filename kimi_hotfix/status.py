@@ -431,7 +431,7 @@ def print_status(report, out=None):
     w(f"  wrapt      {(wr['version'] or 'installed') if wr['installed'] else no_wrapt}"
       f"{private if wr['source'] == 'vendored' else ''}\n")
     shim = report["shim"]
-    _wrapped(w, "  shim       ", shim["why"], " " * 13)
+    w(f"  shim       {shim['why']}\n")
     ran = ", ".join(shim["sitecustomize_ran"]) or "none"
     _wrapped(w, "  site       ", f"sitecustomize that ran here: {ran}", " " * 13)
     if shim["sitecustomize_loaded"]:

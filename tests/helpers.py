@@ -15,7 +15,7 @@ STANDINS = REPO / "tests" / "standins"
 JSON_MARK = "KIMI_JSON:"
 OPT_FLAGS = {"plain": [], "O": ["-O"], "OO": ["-OO"]}
 TOGGLES = ("KIMI_HOTFIX", "KIMI_HOTFIX_DISABLE", "KIMI_HOTFIX_FORCE", "KIMI_HOTFIX_STRICT",
-           "KIMI_HOTFIX_LOG_LEVEL")
+           "KIMI_HOTFIX_LOG_LEVEL", "KIMI_HOTFIX_POD_FILES")
 def _registry():
     """(patch names, their target modules), from the package's registry."""
     sys.path.insert(0, str(REPO))

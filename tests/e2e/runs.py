@@ -38,6 +38,15 @@ two), each plain (vLLM as released, no shim), ``-O`` without the shim and
   sfe-O         the same, -O, PYTHONPATH: the draft's full-attention layer joins
                 the target's four in the planner
 
+``sfe-O`` and ``mla-O-spawn`` are also a pod of two containers on one host
+(docs/security.md): each server in a pid namespace of its own (``unshare --pid
+--fork --mount-proc``, a shell as pid 1 that runs Python, as a container's
+entrypoint does; ``sfe-O``'s pids start at 30001, so its pod directory's
+creator is a pid that does not exist in the other namespace), both with one
+shared ``TMPDIR``. ``mla-O-spawn`` starts once ``sfe-O`` serves (its arming
+sweeps the shared directory), and each scrapes its own ``/metrics`` alone,
+with both up, and again just before it stops (``pair_scrapes``).
+
 Every run that is not itself a reference names its ``twin``: the plain (or,
 for the crashes, the unshimmed ``-O``) run it is compared with, token by token
 and log-probability by log-probability where it serves, exit by exit where it
@@ -104,6 +113,7 @@ class RunSpec:
     speculative: str = ""  # "" | "eagle" (the tiny EAGLE-1 draft) | "ngram"
     prometheus: bool = False  # a real Prometheus scrapes it with the shipped alert rules
     launcher: str = ""  # "" | "otel": started through ``opentelemetry-instrument``
+    pidns: str = ""  # "" | "a" | "b": a pid namespace of its own, TMPDIR shared with the other
 
 
 FF, SF = "hybrid-full-first", "hybrid-sliding-first"
@@ -132,14 +142,22 @@ RUNS = {r.name: r for r in (
     RunSpec("sf-O-otel", SF, OPT, "pythonpath", OTEL_ENV, twin="sf-plain", launcher="otel"),
     RunSpec("mla-plain", "mla", decode=100, speculative="ngram"),
     RunSpec("mla-O-spawn", "mla", OPT, "pythonpath", decode=100, speculative="ngram",
-            twin="mla-plain"),
+            twin="mla-plain", pidns="b"),
     RunSpec("sfe-plain", SF, decode=100, speculative="eagle"),
-    RunSpec("sfe-O", SF, OPT, "pythonpath", decode=100, speculative="eagle", twin="sfe-plain"),
+    RunSpec("sfe-O", SF, OPT, "pythonpath", decode=100, speculative="eagle", twin="sfe-plain",
+            pidns="a"),
 )}
+PAIR = {"a": "sfe-O", "b": "mla-O-spawn"}  # the two pid namespaces sharing one TMPDIR
+PID_FLOOR = 30000  # namespace a's first pids: 30001, ...
+# pid 1 of the namespace: a shell that runs Python (it does not exec: a container's
+# entrypoint script), and exits with its status
+NAMESPACE = ("unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
+             'if [ -n "$KIMI_E2E_PID_FLOOR" ]; then echo "$KIMI_E2E_PID_FLOOR" > '
+             '/proc/sys/kernel/ns_last_pid; fi; "$@"; exit $?', "sh")
 # started in this order (crashes are short: pair them; a twin next to its reference)
 ORDER = ("ff-O-noshim", "ff-O-off", "ff-plain", "ff-O-spawn", "sf-plain", "sf-O-off",
          "sf-O-fork", "sf-O-plugin", "sf-O-otel", "sf-O-broken", "ff-O-disable", "ff-O-bundle",
-         "mla-plain", "mla-O-spawn", "sfe-plain", "sfe-O")
+         "mla-plain", "sfe-plain", "sfe-O", "mla-O-spawn")  # the pair last, side by side
 SPECULATIVE = {  # --speculative-config, "{draft}" the EAGLE draft's directory
     "eagle": {"method": "eagle", "model": "{draft}", "num_speculative_tokens": 2},
     "ngram": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
@@ -208,6 +226,15 @@ class Workspace:
             return dest
         return self._once("broken", build)
 
+    def shared_tmp(self) -> Path:
+        """The pod's shared /tmp (an emptyDir): sticky and world-writable, as /tmp is."""
+        def build():
+            dest = self.root / "shared-tmp"
+            dest.mkdir()
+            dest.chmod(0o1777)
+            return dest
+        return self._once("shared-tmp", build)
+
     def bundle(self) -> tuple:
         """(bundle dir, python of a venv over the serving venv with wrapt hidden,
         and a ``vllm`` dist-info stub so the `vllm serve` CLI starts)."""
@@ -257,6 +284,11 @@ def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
     launcher = ()
     if spec.launcher == "otel":  # the serving venv's script: it execs the python given next
         launcher = (str(Path(python).parent / "opentelemetry-instrument"),)
+    if spec.pidns:
+        launcher = NAMESPACE
+        env["TMPDIR"] = str(ws.shared_tmp())
+        if spec.pidns == "a":
+            env["KIMI_E2E_PID_FLOOR"] = str(PID_FLOOR)
     extra = ()
     if spec.speculative:
         config = dict(SPECULATIVE[spec.speculative])
@@ -309,24 +341,57 @@ def exercise(server: Server, tokens: int = DECODE_TOKENS, prometheus: bool = Fal
     return out
 
 
+PAIRED = {key: threading.Event() for key in ("a-serves", "a-healthy", "b-healthy", "a-done",
+                                            "b-done")}
+
+
+def _pair_wait(key):
+    if not PAIRED[key].wait(serving.HEALTH_TIMEOUT):
+        raise TimeoutError(f"the other server of the pair never reached {key!r}")
+
+
+def _scrape(server) -> str:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as resp:
+        return resp.read().decode()
+
+
 def execute(spec: RunSpec, ws: Workspace, logdir: Path) -> dict:
     record = {"name": spec.name, "spec": {"model": spec.model, "flags": list(spec.flags),
                                           "deploy": spec.deploy, "env": spec.env,
-                                          "expect": spec.expect}}
+                                          "expect": spec.expect, "pidns": spec.pidns}}
     server = None
     t0 = time.monotonic()
+    other = {"a": "b", "b": "a"}.get(spec.pidns)
     try:
         server = make_server(spec, ws, logdir)
         record["command"] = server.command()
+        if spec.pidns == "b":  # starts (and arms, and sweeps) once a's pod directory exists
+            _pair_wait("a-serves")
         server.start()
         record["root_pid"] = server.proc.pid
         record["healthy"] = server.wait_healthy()
         record["healthy_after"] = server.healthy_after
+        if spec.pidns:
+            scrapes = record["pair_scrapes"] = {"alone" if spec.pidns == "a" else "started":
+                                                _scrape(server)}
+            PAIRED[f"{spec.pidns}-healthy"].set()
+            if spec.pidns == "a":
+                PAIRED["a-serves"].set()
+            _pair_wait(f"{other}-healthy")
+            scrapes["both up"] = _scrape(server)
         if record["healthy"]:
             record.update(exercise(server, spec.decode, spec.prometheus))
+        if spec.pidns:
+            PAIRED[f"{spec.pidns}-done"].set()
+            _pair_wait(f"{other}-done")
+            scrapes["before stop"] = _scrape(server)
     except Exception:
         record["error"] = traceback.format_exc()
     finally:
+        if spec.pidns:  # never leave the other waiting
+            for key in ("healthy", "done"):
+                PAIRED[f"{spec.pidns}-{key}"].set()
+            PAIRED["a-serves"].set()
         if server is not None and server.proc is not None:
             record["stop"] = server.stop()
             record["seen_procs"] = [vars(p) for p in server.seen.values()]

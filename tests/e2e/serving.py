@@ -108,6 +108,7 @@ class Proc:
     start: int  # clock ticks after boot: tells a reused pid apart
     name: str  # /proc/PID/comm (vLLM sets VLLM::EngineCore etc.)
     cmdline: str
+    nspid: int = 0  # its pid in its own pid namespace (what it logs and exports): /proc/PID/status
 
     def alive(self) -> bool:
         now = read_proc(self.pid)
@@ -125,8 +126,13 @@ def read_proc(pid: int):
     rest = stat[comm_end + 2:].split()
     if rest[0] == "Z":  # a zombie has ended; its parent has not reaped it yet
         return None
+    try:
+        nspid = re.search(r"^NSpid:.*?(\d+)\s*$", Path(f"/proc/{pid}/status").read_text(), re.M)
+    except OSError:
+        nspid = None
     return Proc(pid=pid, ppid=int(rest[1]), sid=int(rest[3]), start=int(rest[19]),
-                name=stat[stat.index("(") + 1:comm_end], cmdline=cmdline)
+                name=stat[stat.index("(") + 1:comm_end], cmdline=cmdline,
+                nspid=int(nspid.group(1)) if nspid else pid)
 
 
 def all_procs() -> list:
@@ -225,13 +231,30 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
             return resp.status, resp.read().decode()
 
+    def api_server(self, procs) -> int:
+        """The API server's pid: the process started, or, through a launcher that
+        stays (``unshare`` and the shell that is pid 1 of its namespace, which
+        ignores SIGTERM), the first vLLM entry point below it."""
+        for p in procs:
+            if p.pid != self.proc.pid and "vllm.entrypoints" in p.cmdline \
+                    and p.name not in ("sh", "unshare"):
+                return p.pid
+        return self.proc.pid
+
     def stop(self, grace: float = 60.0) -> dict:
         """End the server and every process of it, by pid. Returns what it did:
         {"exit": rc of the API server, "killed": [pids SIGKILLed], "left": [...]}."""
         procs = self.snapshot() if self.proc.poll() is None else tree(self.proc.pid)
         self.seen.update((p.pid, p) for p in procs)
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            target = self.api_server(procs)
+            if target != self.proc.pid:
+                try:
+                    os.kill(target, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            else:
+                self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:

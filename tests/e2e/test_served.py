@@ -45,6 +45,12 @@ KIMI_K3_ONLY = ("capture_workspace", "kda_overlong_rows")
 MISSING_ATTR = "AttributeError: 'SlidingWindowSpec' object has no attribute 'attention_chunk_size'"
 ENGINE_FAILED = "RuntimeError: Engine core initialization failed. See root cause above."
 PROCESS_MARK = "KIMI_E2E_PROCESS "
+def runs_pair():
+    from runs import PAIR
+
+    return (PAIR["a"], PAIR["b"])
+
+
 SHIM_RUNS = ("ff-O-spawn", "ff-O-bundle", "sf-O-fork", "sf-O-plugin", "sf-O-otel", "mla-O-spawn",
              "sfe-O")
 
@@ -114,9 +120,12 @@ def spec_decode_counts(record) -> dict:
 
 def vllm_processes(record) -> dict:
     """pid -> /proc name of every vLLM process of the server while it served
-    (the API server and its descendants, without multiprocessing's resource tracker)."""
-    return {p["pid"]: p["name"] for p in record["serving_procs"]
-            if "multiprocessing.resource_tracker" not in p["cmdline"]}
+    (the API server and its descendants, without multiprocessing's resource tracker
+    and a pid namespace's launcher), by its pid in its own pid namespace: what it
+    logs and exports."""
+    return {p["nspid"]: p["name"] for p in record["serving_procs"]
+            if "multiprocessing.resource_tracker" not in p["cmdline"]
+            and p["name"] not in ("unshare", "sh")}
 
 
 def process_reports(log) -> dict:
@@ -447,6 +456,37 @@ def test_under_opentelemetry_instrument_the_plugin_arms_every_process():
             roles[pid]: reports[pid]["imported"] for pid in procs}}
 
 
+# -- a pod of two containers: two pid namespaces, one /tmp ---------------------------
+
+
+@pytest.mark.servers(*runs_pair())
+@pytest.mark.parametrize("name", runs_pair())
+def test_two_servers_in_two_pid_namespaces_sharing_tmp_keep_their_metrics_whole(name):
+    """Issue 28 finding 1: two servers whose containers share /tmp (other pid
+    namespaces). Each one's /metrics shows every one of its processes alone,
+    with the other up (the second armed, and swept the shared directory, while
+    the first served), and just before it stops; the pod directories leave with
+    their servers. Before: the second server's sweep removed the first's
+    directory (its creator's pid does not exist over there), and the first's
+    /metrics lost every kimi_hotfix series."""
+    from runs import PID_FLOOR, POOL, RUNS
+
+    record = healthy(name)
+    roles = vllm_roles(record["serving_log"])
+    procs = [p for p in record["serving_procs"] if p["name"] not in ("unshare", "sh")]
+    assert all(p["nspid"] != p["pid"] for p in procs), procs  # in a namespace of its own
+    high = RUNS[name].pidns == "a"
+    assert all((p["nspid"] > PID_FLOOR) is high for p in procs), procs
+    for when, text in record["pair_scrapes"].items():
+        assert set(pod_view(text)) == {str(pid) for pid in roles}, (when, roles, text[-2000:])
+    assert list(record["pair_scrapes"]) == (["alone", "both up", "before stop"] if high
+                                            else ["started", "both up", "before stop"])
+    left = [e for e in os.listdir(POOL.ws.shared_tmp()) if e.startswith("kimi-hotfix-pod-")]
+    if all(n in POOL.futures and POOL.futures[n].done() for n in runs_pair()):
+        assert left == [], left  # both ended: each removed its own
+    MEASURED.setdefault("pod of two pid namespaces (pids exported)", {})[name] = sorted(roles)
+
+
 # -- fleet visibility ---------------------------------------------------------
 
 
@@ -556,8 +596,8 @@ def test_each_process_reports_its_own_cost_against_its_start_up(name):
     record = healthy(name)
     views, roles = served_pod(record)
     ticks = os.sysconf("SC_CLK_TCK")
-    procs = {p["pid"]: p for p in record["serving_procs"]}
-    root = procs[record["root_pid"]]
+    root = next(p for p in record["serving_procs"] if p["pid"] == record["root_pid"])
+    procs = {p["nspid"]: p for p in record["serving_procs"]}
     measured = {}
     for pid, view in views.items():
         startup = record["healthy_after"] - (procs[int(pid)]["start"] - root["start"]) / ticks
@@ -643,12 +683,16 @@ def test_pod_view_follows_every_change_and_forgets_the_dead(serve_child, mode):
     assert set(alive) == {me, killed} and alive[killed]["kv_spec_merge"] == "applied", alive
     assert set(lifecycle_states(out["after_kill"])) == {me}, out["after_kill"]
     assert lifecycle_states(out["after_kill"])[me]["kv_spec_merge"] == "applied"
-    if mode == "default":
-        assert out["files"] == [f"{me}.json"]
+    if mode == "default":  # this process's record and the creator's lock, nothing else
+        assert [f for f in out["files"] if not f.startswith(f"{me}-")] == ["owner.lock"], out["files"]
+        assert re.fullmatch(rf"{me}-[0-9]+-[0-9]+\.json", out["files"][0]), out["files"]
         assert not os.path.exists(out["dir"])  # removed at the exit of its creator
     else:
         assert f"gauge_liveall_{gone}.db" not in out["files"] and f"gauge_liveall_{killed}.db" \
             not in out["files"], out["files"]
+        # the dead's live locks went with their series; this process's own is held
+        assert [f for f in out["files"] if f.startswith("kimi-hotfix-live-")] == [
+            f for f in out["files"] if f.startswith(f"kimi-hotfix-live-{me}-")], out["files"]
         assert not os.path.exists(os.path.join(out["dir"], f"gauge_liveall_{me}.db"))
     MEASURED.setdefault("pod view lifecycle", {})[mode] = {
         "scrapes": "after, undone, after_exit, while_alive, after_kill", "files left": out["files"]}

@@ -72,7 +72,7 @@ PLAN = {
 # the others keep their defaults
 GARBAGE = {"KIMI_HOTFIX": "jä✓", "KIMI_HOTFIX_DISABLE": "kv_spec_mergé",
            "KIMI_HOTFIX_FORCE": "x" * 100_000, "KIMI_HOTFIX_STRICT": "sometimes",
-           "KIMI_HOTFIX_LOG_LEVEL": "loud"}
+           "KIMI_HOTFIX_LOG_LEVEL": "loud", "KIMI_HOTFIX_POD_FILES": "perhaps"}
 # scenario name -> (environment on top of hermetic_env(), child spec)
 SCENARIOS = {
     "on": ({}, {}),

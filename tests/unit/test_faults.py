@@ -22,6 +22,8 @@ import sys
 
 import pytest
 
+from kimi_hotfix.config import printable
+
 from helpers import (
     PATCHES,
     REPO,
@@ -206,12 +208,16 @@ def test_target_symbol_missing_strict_raises_at_import():
 # -- garbage in every environment variable ---------------------------------------------
 
 LONG = "x" * 100_000
+FORGED = "2026-01-01 00:00:00,000 kimi-hotfix[1] INFO"
 GARBAGE = {
     "unicode": "jä✓ ☃",
     "long": LONG,
     "punctuation": ",;=*?",
     "many-names": ",".join(f"name{i}" for i in range(1000)),
     "invalid-utf8": b"\xff\xfe",
+    # a value that would forge a log line of its own, and the summary line's separator
+    "forged-line": f"0\n{FORGED} kimi_hotfix 0.1.0 (vllm 0.29.0, python -O): kv_spec_merge: applied",
+    "separator": "0 | kv_spec_merge: applied",
 }
 VALID_LISTED = {
     "KIMI_HOTFIX": "valid values: 1/on/true/yes or 0/off/false/no",
@@ -219,6 +225,7 @@ VALID_LISTED = {
     "KIMI_HOTFIX_FORCE": f"valid names: {', '.join(PATCHES)}, or *",
     "KIMI_HOTFIX_STRICT": "valid values: 1/on/true/yes or 0/off/false/no",
     "KIMI_HOTFIX_LOG_LEVEL": "valid values: DEBUG, INFO, WARNING, ERROR, CRITICAL",
+    "KIMI_HOTFIX_POD_FILES": "valid values: 1/on/true/yes or 0/off/false/no",
 }
 ARM_ONLY = (
     "import kimi_hotfix\n"
@@ -228,9 +235,11 @@ ARM_ONLY = (
     "import json\n"
     "print('KIMI_JSON:' + json.dumps({'enabled': cfg.enabled, 'disabled': sorted(cfg.disabled),\n"
     "    'forced': sorted(cfg.forced), 'strict': cfg.strict, 'log_level': cfg.log_level,\n"
+    "    'pod_files': cfg.pod_files,\n"
     "    'n_warnings': len(cfg.warnings), 'states': {n: str(s) for n, s in core.states().items()}}))\n"
 )
-DEFAULTS = {"enabled": True, "disabled": [], "forced": [], "strict": False, "log_level": "INFO"}
+DEFAULTS = {"enabled": True, "disabled": [], "forced": [], "strict": False, "log_level": "INFO",
+            "pod_files": True}
 
 
 def _env_with(var, value):
@@ -246,11 +255,15 @@ def test_garbage_in_each_variable(var, kind):
     proc = run_python(["-c", ARM_ONLY], env=_env_with(var, value))
     out = json_lines(proc.stdout)[0]
     closed = var == "KIMI_HOTFIX" and kind not in ("empty", "blank")  # the switch fails closed
-    assert {k: out[k] for k in DEFAULTS} == dict(DEFAULTS, enabled=not closed)  # defaults kept
-    if closed:  # every patch off, the value named as the process saw it
-        shown = os.fsdecode(value) if isinstance(value, bytes) else value
-        if len(shown) > 60:  # cut as the warning cuts it: no 100 KB summary line
-            shown = f"{shown[:60]}... ({len(shown)} characters)"
+    pod_off = var == "KIMI_HOTFIX_POD_FILES" and kind not in ("empty", "blank")  # writes nothing
+    assert {k: out[k] for k in DEFAULTS} == dict(DEFAULTS, enabled=not closed,
+                                                 pod_files=not pod_off)  # defaults kept
+    # no value starts a line of its own in the log (escaped where the line quotes it)
+    assert not any(line.startswith(FORGED) for line in proc.stderr.splitlines()), proc.stderr
+    if closed:  # every patch off, the value named as the process saw it: cut (no 100 KB
+        # summary line) and escaped (no newline, no "|" separator)
+        shown = printable(os.fsdecode(value) if isinstance(value, bytes) else value)
+        assert "\n" not in shown and "|" not in shown
         assert set(out["states"].values()) == {f"disabled (KIMI_HOTFIX={shown})"}
     else:
         assert set(out["states"].values()) == {"pending"}  # armed, nothing disabled
