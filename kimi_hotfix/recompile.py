@@ -14,9 +14,17 @@ function is compiled in the module's globals. Before anything is installed,
 ``recompile`` checks that the source matches the running code: the pristine
 source, compiled the way the interpreter compiled the module, must give the
 same bytecode, names, locals, constants and first line as the function that
-vLLM loaded
-(a stale or edited ``.py`` next to the cached bytecode, or a function that is not
-what its source says, raises ``PatchError`` and the caller keeps the original).
+vLLM loaded, and its default values must be literals equal to the running
+function's (a stale or edited ``.py`` next to the cached bytecode, or a function
+that is not what its source says, raises ``PatchError`` and the caller keeps
+the original). Nothing of the source runs before that check (the def is found
+in the compiled module, not executed) nor after it (defaults, annotations and
+decorators are not evaluated: the result takes the running function's). Under
+``-O`` the running code has no asserts to compare with, so a recompile that
+compiles them (``optimize=0``: kimi_hotfix.hardening) first requires that the
+``.py`` on disk is the source of the running code: its bytecode for this
+optimize level records it, or, with no such bytecode, the file has not changed
+since the process started.
 
 Compiled "the way the interpreter compiled the module" means, on every Python
 from 3.9 to 3.13: with the module's own ``from __future__`` flags (read from
@@ -34,6 +42,8 @@ import ast
 import copy
 import functools
 import linecache
+import os
+import sys
 import types
 
 from kimi_hotfix.base import PatchError
@@ -314,7 +324,8 @@ def _compile(func, tree, optimize, cells, imported):
     The def's own annotations are left out: they are evaluated by the code
     around a def, never by its body, and the result takes ``func``'s.
     ``imported``: the module's import-bound names, declared (never executed)
-    next to the factory so that ``name.attr(...)`` compiles as in the module."""
+    next to the factory so that ``name.attr(...)`` compiles as in the module.
+    Returns the compiled module (``_def_code`` finds the def in it; ``_define`` runs it)."""
     funcdef = copy.copy(tree.body[0])  # the tree stays as the caller edited it
     real_name, funcdef.name = funcdef.name, _DEF
     funcdef.returns = None
@@ -339,6 +350,10 @@ def _compile(func, tree, optimize, cells, imported):
         returns=None,
         type_comment=None,
     )
+    # the def's default values are the running function's (set on the result):
+    # placeholders here, so that nothing of the source is evaluated, checked or not
+    funcdef.args.defaults = [_placeholder(d) for d in funcdef.args.defaults]
+    funcdef.args.kw_defaults = [d and _placeholder(d) for d in funcdef.args.kw_defaults]
     filename = func.__code__.co_filename
     body = [ast.copy_location(factory, funcdef)]
     if imported:  # declared, never executed: ``if 0:`` is compiled away
@@ -348,14 +363,45 @@ def _compile(func, tree, optimize, cells, imported):
     _locate(module, funcdef)
     code = compile(module, filename, "exec", flags=func.__code__.co_flags & _FUTURE_FLAGS,
                    dont_inherit=True, optimize=optimize)
-    code = _requalify(code, f"{_FACTORY}.<locals>.{_DEF}", func.__qualname__, real_name)
+    return _requalify(code, f"{_FACTORY}.<locals>.{_DEF}", func.__qualname__, real_name)
+
+
+def _define(func, code, cells):
+    """Run the compiled module: it defines the factory, which makes the def
+    (defaults are placeholders, annotations and decorators gone: nothing of
+    vLLM's source runs here)."""
     namespace: dict = {}
     exec(code, func.__globals__, namespace)  # defines the factory only
+    return namespace[_FACTORY](**cells)
+
+
+def _def_code(module_code):
+    """The def's code object inside the compiled module, found without running it."""
+    factory = next(c for c in module_code.co_consts if isinstance(c, types.CodeType))
+    return next(c for c in factory.co_consts if isinstance(c, types.CodeType))
+
+
+def _placeholder(node):
+    return ast.copy_location(ast.Constant(value=None), node)
+
+
+def _same_defaults(func, funcdef) -> bool:
+    """The source's default values are literals equal to the running function's
+    (read with ``ast.literal_eval``: nothing is evaluated). A default that is not
+    a literal cannot be compared: False."""
+    def literal(node):
+        value = ast.literal_eval(node)
+        return type(value), value
+
     try:
-        return namespace[_FACTORY](**cells)
-    except Exception as exc:  # evaluating the def's default values failed
-        raise PatchError(f"{func.__qualname__} cannot be redefined "
-                         f"({type(exc).__name__}: {exc})") from exc
+        source = [literal(d) for d in funcdef.args.defaults]
+        kw = {a.arg: literal(d) for a, d in zip(funcdef.args.kwonlyargs, funcdef.args.kw_defaults)
+              if d is not None}
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    running = [(type(v), v) for v in func.__defaults__ or ()]
+    running_kw = {k: (type(v), v) for k, v in (func.__kwdefaults__ or {}).items()}
+    return source == running and kw == running_kw
 
 
 def _locate(root, funcdef):
@@ -403,6 +449,51 @@ def _requalify(code, old, new, name):
     return code.replace(**changes)
 
 
+def _process_started():
+    """When this process started (seconds since the epoch), from /proc; None unknown."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = int(next(line.split()[1] for line in f if line.startswith(b"btime ")))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _not_the_running_source(filename):
+    """Why the ``.py`` on disk may not be the source of the code this process
+    runs under -O, or None: the bytecode of this optimize level records another
+    source (its hash, or its mtime and size), or, where there is no such
+    bytecode, the file changed after this process started (it was compiled from
+    what the file held then)."""
+    import importlib.util
+
+    try:
+        info = os.stat(filename)
+        cached = importlib.util.cache_from_source(filename, optimization=sys.flags.optimize)
+    except (OSError, ValueError, NotImplementedError):
+        return f"{filename} cannot be read"
+    try:
+        with open(cached, "rb") as f:
+            header = f.read(16)
+    except OSError:
+        header = b""
+    if len(header) == 16 and header[:4] == importlib.util.MAGIC_NUMBER:
+        flags = int.from_bytes(header[4:8], "little")
+        if flags & 1:  # hash-based bytecode
+            with open(filename, "rb") as f:
+                same = importlib.util.source_hash(f.read()) == header[8:16]
+        else:
+            same = (int.from_bytes(header[8:12], "little") == int(info.st_mtime) & 0xFFFFFFFF
+                    and int.from_bytes(header[12:16], "little") == info.st_size & 0xFFFFFFFF)
+        return None if same else f"{filename} differs from its bytecode ({os.path.basename(cached)})"
+    started = _process_started()
+    if started is not None and info.st_mtime > started:
+        return f"{filename} changed after this process started"
+    return None
+
+
 def recompile(func, edit, *, optimize=-1, cells=None):
     """vLLM's ``func`` recompiled from its source after ``edit(tree)`` changed
     the parsed ``ast.Module`` in place (its one ``FunctionDef`` keeps its name;
@@ -414,15 +505,29 @@ def recompile(func, edit, *, optimize=-1, cells=None):
     if func.__code__.co_freevars:
         raise PatchError(f"{func.__qualname__} uses a closure; cannot recompile")
     cells = dict(cells or {})
+    filename = func.__code__.co_filename
+    if optimize == 0 and sys.flags.optimize:  # compiles asserts -O stripped: never compared
+        why = _not_the_running_source(filename)
+        if why:
+            raise PatchError(f"{func.__qualname__}: {why}: its asserts cannot be checked "
+                             "against the running code under -O; not recompiled")
+    linecache.checkcache(filename)  # the text on disk now, the one just vouched for
     tree = _undecorated(function_ast(func))
     running = _fingerprint(func.__code__)
-    for imported in _declarations(func.__code__.co_filename):
-        if _fingerprint(_compile(func, tree, -1, {}, imported).__code__) == running:
+    for imported in _declarations(filename):
+        if _fingerprint(_def_code(_compile(func, tree, -1, {}, imported))) == running:
             break
     else:
         raise PatchError(f"source of {func.__qualname__} does not match its running code")
+    if not _same_defaults(func, tree.body[0]):
+        raise PatchError(f"source of {func.__qualname__} does not match its running code "
+                         "(its default values differ, or are not literals)")
     edit(tree)  # compiling did not change the tree: edit the checked one
-    new = _compile(func, tree, optimize, cells, imported)
+    try:
+        new = _define(func, _compile(func, tree, optimize, cells, imported), cells)
+    except Exception as exc:
+        raise PatchError(f"{func.__qualname__} cannot be redefined "
+                         f"({type(exc).__name__}: {exc})") from exc
     new.__qualname__ = func.__qualname__
     new.__module__ = func.__module__
     new.__doc__ = func.__doc__
