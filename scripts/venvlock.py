@@ -3,7 +3,7 @@ how uv builds it. Used by scripts/lock (writes and checks the locks) and
 scripts/build-venv (builds a venv from its lock); stdlib only, Python 3.8+.
 
 Kinds (the venv's name is the lock's name: locks/NAME.txt):
-  tools-pyX.Y          pytest, pytest-xdist, wrapt, ruff, uv, pip (3.9, 3.11, 3.13)
+  tools-pyX.Y          pytest, pytest-xdist, hypothesis, wrapt, ruff, uv, pip (3.9, 3.11, 3.13)
   vllm-V-pyX.Y         a released vLLM, CUDA wheel, installed CPU-only: the
                        wheel without its dependencies, plus DEPS resolved (torch
                        2.13.0: the +cpu build from /opt/wheels on 3.11, the
@@ -69,7 +69,7 @@ SOURCES = [*(a for f in FIND_LINKS for a in ("--find-links", f)),
            *(a for u in EXTRA_INDEXES for a in ("--extra-index-url", u)),
            "--index-strategy", "unsafe-best-match"]
 
-TOOLS = ["pytest", "pytest-xdist", "wrapt>=1.14", "ruff", UV, "pip"]
+TOOLS = ["pytest", "pytest-xdist", "hypothesis", "wrapt>=1.14", "ruff", UV, "pip"]
 TOOLS_PYTHONS = ("3.9", "3.11", "3.13")
 # What importing vLLM's config, KV-cache planner, CUDA-graph manager and the
 # Kimi-K3 KDA metadata builder needs (../shared/BRIEF.md), plus the test tools.

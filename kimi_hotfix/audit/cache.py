@@ -10,7 +10,10 @@ directory and renamed into place (``os.replace`` is atomic), so a reader sees a
 whole entry or none; two runs writing one key write the same content. An entry
 that cannot be read or decoded is a miss. Safe for read-only homes: when the
 directory cannot be created or written, the audit runs without writing (the
-report says why) and still reads what is there.
+report says why) and still reads what is there; where there is no directory to
+name (``HOME`` unset, a uid without a passwd entry) it neither reads nor writes.
+An entry is used only where it has the shape of a summary
+(``kimi_hotfix.audit.summary.valid``): anything else is a miss, and is rewritten.
 """
 
 from __future__ import annotations
@@ -22,14 +25,20 @@ import tempfile
 from pathlib import Path
 
 
-def cache_root() -> Path:
+def cache_root():
+    """The cache directory, or None where there is none to name: no variable
+    set, ``HOME`` unset and this uid without a passwd entry (an arbitrary uid,
+    as OpenShift runs containers), where ``Path.home()`` raises."""
     explicit = os.environ.get("KIMI_HOTFIX_CACHE")
     if explicit:
         return Path(explicit) / "audit"
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg:
         return Path(xdg) / "kimi-hotfix" / "audit"
-    return Path.home() / ".cache" / "kimi-hotfix" / "audit"
+    try:
+        return Path.home() / ".cache" / "kimi-hotfix" / "audit"
+    except (RuntimeError, KeyError, OSError):
+        return None
 
 
 class Store:
@@ -44,12 +53,20 @@ class Store:
         """The store for summaries made by scanner version ``scan_version``
         (the caller's: this module imports nothing of the audit's)."""
         base = Path(root) if root is not None else cache_root()
+        if base is None:
+            store = cls(None)
+            store.writable = False
+            store.why = ("no cache directory: HOME is unset and this uid has no passwd entry "
+                         "(set KIMI_HOTFIX_CACHE)")
+            return store
         return cls(base / f"v{scan_version}-py{sys.version_info[0]}{sys.version_info[1]}")
 
     def _path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}.json"
 
     def get(self, key: str):
+        if self.directory is None:
+            return None
         try:
             with open(self._path(key), encoding="utf-8") as f:
                 value = json.load(f)
@@ -85,5 +102,5 @@ class Store:
         """Entries are written as they come; nothing is buffered."""
 
     def describe(self) -> dict:
-        return {"used": True, "directory": str(self.directory), "read": self.reads,
+        return {"used": True, "directory": self.directory and str(self.directory), "read": self.reads,
                 "written": self.writes, "writable": self.writable, "why": self.why}

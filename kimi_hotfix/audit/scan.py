@@ -133,6 +133,8 @@ class Tree:
         path, is_package = self.files[module]
         key = f"{self.hashes[module]}-{module}-{'pkg' if is_package else 'mod'}"
         found = self.store.get(key) if self.store else None
+        if found is not None and not _summary.valid(found):
+            found = None  # not a summary (another version's, or planted): a miss
         if found is not None:
             self.stats["cache_hits"] += 1
         else:

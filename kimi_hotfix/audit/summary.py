@@ -297,6 +297,33 @@ def summarize(text, module: str, is_package: bool) -> dict:
     return out
 
 
+def valid(found) -> bool:
+    """``found`` has the shape ``summarize`` gives (a cache entry read from disk
+    is used only then): the five tables, each def's fields of their types."""
+    if not isinstance(found, dict) or set(found) != {"imports", "star", "defs", "classes", "sites"}:
+        return False
+    if not (isinstance(found["imports"], dict) and isinstance(found["star"], list)
+            and isinstance(found["classes"], dict) and isinstance(found["sites"], list)
+            and isinstance(found["defs"], dict)):
+        return False
+    def binding(value):  # an import binding: [module, name or None]
+        return (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+                and (value[1] is None or isinstance(value[1], str)))
+
+    for info in found["defs"].values():
+        if not (isinstance(info, dict) and isinstance(info.get("line"), int)
+                and isinstance(info.get("end"), int) and isinstance(info.get("asserts"), list)
+                and isinstance(info.get("calls"), list) and isinstance(info.get("imports"), dict)
+                and all(binding(v) for v in info["imports"].values())):
+            return False
+    for site in found["sites"]:
+        if not (isinstance(site, dict) and isinstance(site.get("kind"), str)
+                and isinstance(site.get("line"), int) and isinstance(site.get("calls"), list)):
+            return False
+    return all(binding(v) for v in found["imports"].values()) and all(
+        isinstance(v, dict) and isinstance(v.get("bases"), list) for v in found["classes"].values())
+
+
 def _flatten(items):
     """Statements of a body list; handlers and match cases contribute their bodies."""
     flat = []
