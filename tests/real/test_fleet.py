@@ -182,6 +182,23 @@ def test_the_recipe_steps_run_on_a_real_bundle(built, deployment, tmp_path):
     assert extra.returncode == 1 and "extra ['kimi_hotfix/extra.py']" in extra.stderr
     (volume / "kimi_hotfix" / "extra.py").unlink()
     assert run_verify(real_pin).returncode == 0
+    # issue 28 finding 5: a link (to a directory of modules outside the bundle, which
+    # the bundle first on PYTHONPATH would import: `import json`), a dangling link,
+    # a fifo, an extra empty directory: each refused
+    elsewhere = tmp_path / "elsewhere" / "json"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "__init__.py").write_text("raise SystemExit('outside code ran')\n")
+    for name, make in (("json", lambda p: p.symlink_to(elsewhere)),
+                       ("gone.py", lambda p: p.symlink_to(tmp_path / "nowhere.py")),
+                       ("fifo", os.mkfifo), ("empty", lambda p: p.mkdir())):
+        planted = volume / name
+        make(planted)
+        refused = run_verify(real_pin)
+        assert refused.returncode == 1, (name, refused.stdout)
+        assert (f"'{name}'" in refused.stderr and ("links or special files" in refused.stderr
+                                                  or "extra ['empty']" in refused.stderr)), refused.stderr
+        planted.rmdir() if planted.is_dir() and not planted.is_symlink() else planted.unlink()
+    assert run_verify(real_pin).returncode == 0
     # the server's PYTHONPATH: the shim first, the image's own entries kept, none invented
     vllm = container(deployment, "vllm")
     (merge,) = [ln for ln in vllm["args"][0].splitlines() if ln.startswith("export PYTHONPATH=")]

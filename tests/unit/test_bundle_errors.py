@@ -109,3 +109,52 @@ def test_a_python_without_pip_is_refused(tmp_path):
 def test_usage_errors_exit_2(args):
     proc = run([sys.executable, BUNDLE, *args])
     assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["another-users", "writable-by-others", "a-link"])
+def test_an_out_directory_another_user_could_swap_is_refused(tmp_path, kind):
+    """Issue 28 finding 4: in a shared /tmp another user may have made --out
+    first; the tarball written there could be swapped before it is pinned."""
+    out = tmp_path / "out"
+    if kind == "a-link":
+        (tmp_path / "elsewhere").mkdir()
+        out.symlink_to(tmp_path / "elsewhere")
+    else:
+        out.mkdir()
+        if kind == "another-users":
+            os.chown(out, 65534, 65534)  # nobody's (the tests run as root)
+        else:
+            out.chmod(0o777)
+    proc = run([sys.executable, BUNDLE, "--interpreter", sys.executable, "--out", out])
+    line = refusal(proc)
+    assert proc.returncode == 1, proc.stderr
+    why = {"another-users": "is owned by uid 65534", "writable-by-others": "is writable by others",
+           "a-link": "is a link"}[kind]
+    assert line.startswith(f"bundle: error: --out {out} {why}"), line
+    assert os.listdir(out) == []  # nothing written there
+
+
+def test_the_private_wrapt_comes_from_a_lock_with_every_wheels_hash():
+    """Issue 28 finding 4: the bundle's wrapt is locks/bundle-wrapt.txt, installed
+    with --require-hashes, whose requirement is the one the shim expects of it."""
+    import importlib.util
+    import re
+
+    from kimi_hotfix import _wrapt
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import venvlock
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    spec = importlib.util.spec_from_loader("bundle_script", loader=None)
+    bundle = importlib.util.module_from_spec(spec)
+    bundle.__file__ = str(BUNDLE)
+    exec(compile(BUNDLE.read_text(), str(BUNDLE), "exec"), bundle.__dict__)
+    assert bundle.WRAPT == venvlock.BUNDLE_WRAPT == _wrapt.VENDORED_REQUIREMENT
+    assert "--require-hashes" in BUNDLE.read_text() and bundle.WRAPT_LOCK.name == "bundle-wrapt.txt"
+    body = venvlock.split_lock(bundle.WRAPT_LOCK.read_text())[1]
+    (pin,) = re.findall(r"^wrapt==(\S+)", body, re.M)
+    assert pin.startswith("1.")
+    assert len(re.findall(r"--hash=sha256:[0-9a-f]{64}", body)) > 20  # every platform's wheel
+    assert venvlock.stale("bundle-wrapt") is None
