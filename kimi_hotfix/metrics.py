@@ -124,11 +124,16 @@ _closed = False
 _warned = False
 
 
-def _warn_once(what: str) -> None:
+def _warn_once(what: str, exc_info=True) -> None:
     global _warned
     if not _warned:
         _warned = True
-        messages.emit(messages.METRICS_FAILED, what, exc_info=True)
+        messages.emit(messages.METRICS_FAILED, what, exc_info=exc_info)
+
+
+class PodGone(OSError):
+    """The pod directory is gone (a /tmp cleaner) or no longer this user's
+    private directory: never recreated, never written (said once, no traceback)."""
 
 
 def _vllm_version() -> str:
@@ -468,7 +473,7 @@ def _write_pod(rec: dict) -> None:
         return  # no /proc: no start time or pid namespace to name the record by
     dfd = _open_dir(_pod)
     if dfd is None:  # gone (a /tmp cleaner) or not ours any more: never recreated
-        raise OSError(f"the pod directory {_pod} is gone or not private")
+        raise PodGone(_pod)
     try:
         _create(name, dfd, json.dumps(rec).encode())
     finally:
@@ -567,6 +572,9 @@ def publish() -> None:
             _write_gauges(record())
         elif _pod is not None:
             _write_pod(record())
+    except PodGone as exc:
+        _warn_once(f"writing this process's states failed: the pod directory {exc} is gone or "
+                   "no longer this user's private directory (never made again)", exc_info=False)
     except Exception:
         _warn_once("writing this process's states failed")
 

@@ -24,13 +24,14 @@ READS_CHILDREN = ("test_check", "test_docs", "test_kv_spec_merge", "test_o_parit
 # scripts/test runs the tier in pytest-xdist workers, a test at a time, except
 # these modules: their tests share what one process computes once (a module-scoped
 # fixture or cache: Ray's two-node cluster, the bundles, the pip-installed venv,
-# the audits; the fault tier's drivers, which test_chain_real and test_fork_real
-# read too), so each group runs whole on one worker. (xdist's own loadgroup
-# cannot do this here: it renames item._nodeid, which pytest 9 no longer reads.)
+# the audits, the hostile-host tier's two namespaces; the fault tier's drivers,
+# which test_chain_real and test_fork_real read too), so each group runs whole on
+# one worker. (xdist's own loadgroup cannot do this here: it renames
+# item._nodeid, which pytest 9 no longer reads.)
 GROUPS = {"test_fault_tier": "fault tier", "test_chain_real": "fault tier",
           "test_fork_real": "fault tier", "test_ray": "ray", "test_bundle": "bundle",
           "test_fleet": "fleet", "test_plugin": "plugin", "test_audit": "audit",
-          "test_fourth_patch": "fourth patch"}
+          "test_fourth_patch": "fourth patch", "test_hostile": "hostile host"}
 
 
 def pytest_xdist_make_scheduler(config, log):
