@@ -346,10 +346,11 @@ def status_report() -> dict:
         "forced": sorted(cfg.forced),
         "strict": cfg.strict,
         "log_level": cfg.log_level,
+        "pod_files": cfg.pod_files,
         "set": dict(cfg.raw),
         "warnings": list(cfg.warning_texts),
     } if cfg is not None else {"enabled": None, "disabled": [], "forced": [], "strict": None,
-                               "log_level": None, "set": {}, "warnings": []}
+                               "log_level": None, "pod_files": None, "set": {}, "warnings": []}
     wrapt = _wrapt_info()
     patches = []
     for name, patch in (registry.patches().items() if registry is not None else ()):
@@ -444,7 +445,8 @@ def print_status(report, out=None):
     t = report["toggles"]
     w(f"  toggles    KIMI_HOTFIX={_flag(t['enabled'])}  "
       f"disable={','.join(t['disabled']) or '-'}  force={','.join(t['forced']) or '-'}  "
-      f"strict={_flag(t['strict'])}  log={t['log_level'] or '?'}\n")
+      f"strict={_flag(t['strict'])}  log={t['log_level'] or '?'}  "
+      f"pod-files={_flag(t['pod_files'])}\n")
     for warning in t["warnings"]:
         w(f"  WARNING    {warning}\n")
     if not report["patches"]:
