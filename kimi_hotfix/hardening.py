@@ -36,6 +36,7 @@ from __future__ import annotations
 import ast
 import linecache
 import os
+import sys
 import threading
 import time
 import types
@@ -120,6 +121,13 @@ class OnFirstCall:
             if not linecache.getlines(func.__code__.co_filename, func.__globals__):
                 raise PatchError(f"source of {func.__qualname__} unavailable "
                                  f"({func.__code__.co_filename}): nothing to recompile its asserts from")
+            # under -O the asserts compiled on the first call are in no running code to
+            # compare them with: the file must be the running code's source (checked
+            # again on that first call, where a later change makes it fail each call)
+            why = sys.flags.optimize and recompile.not_the_running_source(func.__code__.co_filename)
+            if why:
+                raise PatchError(f"{func.__qualname__}: {why}: its asserts cannot be checked "
+                                 "against the running code under -O")
         self.impls = None  # {func: hardened or None}, built on the first call
         self.failure = None  # why the first call could not harden them
         self._lock = threading.RLock()

@@ -461,7 +461,7 @@ def _process_started():
         return None
 
 
-def _not_the_running_source(filename):
+def not_the_running_source(filename):
     """Why the ``.py`` on disk may not be the source of the code this process
     runs under -O, or None: the bytecode of this optimize level records another
     source (its hash, or its mtime and size), or, where there is no such
@@ -507,7 +507,7 @@ def recompile(func, edit, *, optimize=-1, cells=None):
     cells = dict(cells or {})
     filename = func.__code__.co_filename
     if optimize == 0 and sys.flags.optimize:  # compiles asserts -O stripped: never compared
-        why = _not_the_running_source(filename)
+        why = not_the_running_source(filename)
         if why:
             raise PatchError(f"{func.__qualname__}: {why}: its asserts cannot be checked "
                              "against the running code under -O; not recompiled")

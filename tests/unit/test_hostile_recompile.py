@@ -82,6 +82,11 @@ out["side_effect"] = attempt(lambda: recompile.recompile(target.with_side_effect
 out["seen"] = list(target.SEEN)
 out["default"] = attempt(lambda: recompile.recompile(target.with_default, lambda t: None))
 out["harden"] = attempt(lambda: hardening.harden(target.guarded))
+try:  # what a patch does when it wraps: the check runs at wrap time, before any call
+    hardening.OnFirstCall(type("Ctx", (), {"name": "probe"})(), [target.guarded])
+    out["on_first_call"] = "ok"
+except PatchError as exc:
+    out["on_first_call"] = str(exc)
 out["pwned"] = os.environ.get("KIMI_PWNED")
 print("KIMI_JSON:" + json.dumps(out))
 '''
@@ -106,6 +111,7 @@ def test_nothing_of_the_source_runs_and_an_unchanged_module_hardens(tmp_path, op
     assert out["side_effect"][0] == "PatchError" and "not literals" in out["side_effect"][1]
     assert out["default"] == ["ok", 0]
     assert out["harden"] == ["AssertionError", "x must be positive"]
+    assert out["on_first_call"] == "ok"
     assert out["pwned"] is None
 
 
@@ -122,4 +128,5 @@ def test_a_source_changed_after_import_is_refused(tmp_path, opt, bytecode):
     else:
         why = "differs from its bytecode" if bytecode else "changed after this process started"
         assert why in out["harden"][1] and "not recompiled" in out["harden"][1], out
+        assert why in out["on_first_call"], out  # the patch reads failed at once
     assert out["pwned"] is None  # the changed assert never ran
