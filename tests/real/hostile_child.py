@@ -77,7 +77,44 @@ def arm(case):
     return os.environ.get("KIMI_HOTFIX_POD_DIR")
 
 
+PAYLOAD = ('assert __import__("os").environ.setdefault("KIMI_PWNED", "1"), '
+           '"inner dp world group is not initialized"')
+ORIGINAL = 'assert _INNER_DP_WORLD is not None, "inner dp world group is not initialized"'
+
+
+def changed_source(case):
+    """vLLM's parallel_state.py (a real copy in an overlay of the installed vLLM)
+    changed after the import, as an in-place upgrade or a writable site-packages
+    would: once before the shim armed (vLLM's plugin loader arms it late, the
+    bootstrap's trigger taken away), and once more, with the shim armed, before
+    the hardened getter's first call."""
+    sys.path.insert(0, case["overlay"])
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "VllmImportTrigger"]
+    import vllm.distributed.parallel_state as ps
+
+    path = ps.__file__
+    out = {"pid": os.getpid(), "name": case["name"], "file": path}
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace(ORIGINAL, PAYLOAD))
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    from kimi_hotfix import core
+
+    out["late_state"] = str(core.states()["inner_dp_group"])
+    try:
+        out["late_call"] = repr(ps.get_inner_dp_world_group())
+    except AssertionError as exc:
+        out["late_call"] = f"AssertionError: {exc}"
+    out["pwned"] = os.environ.get("KIMI_PWNED")  # the changed assert ran
+    return out
+
+
 def run_case(case):
+    if case.get("overlay"):
+        return changed_source(case)
     out = {"pid": os.getpid(), "name": case["name"]}
     multiprocess = bool(case.get("env", {}).get("PROMETHEUS_MULTIPROC_DIR"))
     pod = arm(case)

@@ -25,7 +25,9 @@ previous exporter fails every one of these: measured):
 6. names that do not parse: the exporter works, and its directory leaves with it;
 7. a record whose contents lie about its pid is served under the pid of its
    name; a malformed one is skipped alone; a dead one is removed; an old-style
-   ``1.json`` is neither served nor removed.
+   ``1.json`` is neither served nor removed;
+9. vLLM's ``.py`` changed after the import (a real copy in an overlay of the
+   installed vLLM): under -O the hardening patch reads failed, the change never runs.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from pathlib import Path
 import pytest
 
 from harness import venv_python
-from helpers import hermetic_env
+from helpers import REPO, hermetic_env
 
 pytestmark = pytest.mark.releases("0.29.0")
 
@@ -77,8 +79,31 @@ def cases(shared):
             {"name": "b-data", "env": {**default, "KIMI_HOTFIX_POD_DIR": data}},
             {"name": "b-clean", "env": default, "unset": ["KIMI_HOTFIX_POD_DIR"],
              "clean_and_plant": victim, "signal": "b-done"},
+            # finding 9: vLLM's .py changed after the import, under -O
+            {"name": "b-source", "env": default, "overlay": shared["overlay"]},
         ],
     }
+
+
+def overlay(dest):
+    """vLLM 0.29.0 as installed, linked file by file (upstream/overlay.py's tree),
+    but for a real copy of vllm/distributed/parallel_state.py (its bytecode left
+    out): a file a test may change without touching the venv."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kimi_overlay", REPO / "upstream" / "overlay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    python = venv_python("0.29.0")
+    site = Path(subprocess.run([python, "-c", "import importlib.util as u; print(list(u.find_spec("
+                                "'vllm').submodule_search_locations)[0])"], capture_output=True,
+                               text=True, check=True, env=hermetic_env(shim=False)).stdout.strip())
+    rel = "vllm/distributed/parallel_state.py"
+    dest.mkdir()
+    module._link_tree(site, dest / "vllm", {module._bytecode_of(rel)})
+    (dest / rel).unlink()
+    shutil.copy2(site.parent / rel, dest / rel)
+    return str(dest)
 
 
 def _dir(path, mode=0o755):
@@ -116,6 +141,7 @@ def pod():
     subprocess.run([*NOBODY, "/usr/bin/python3", "-c", "import struct, sys; open(sys.argv[1], 'wb')"
                     ".write(struct.pack('i', 8) + bytes(65532))",
                     f"{shared['mp']}/gauge_liveall_99999999999999999999.db"], check=True)
+    shared["overlay"] = overlay(root / "overlay")
     plan = cases(shared)
     procs = {}
     for ns in ("a", "b"):
@@ -221,3 +247,17 @@ def test_an_operators_data_directory_is_never_swept(release, pod):
     _, seen, shared = pod
     assert seen["b-data"]["pod"] == shared["data"]
     assert "20240101.json" in shared["left"]["data"]
+
+
+def test_a_vllm_source_changed_after_import_is_never_compiled_under_O(release, pod):
+    """Finding 9: parallel_state.py changed after vLLM imported it (its assert now
+    runs code), the shim armed late by vLLM's plugin loader: under -O the running
+    getter has no assert to compare the changed one with, so inner_dp_group reads
+    failed with the reason and vLLM's own getter runs; the changed code never
+    runs. Before: hardening compiled it, and the first call ran it."""
+    _, seen, _ = pod
+    case = seen["b-source"]
+    assert case["file"].endswith("overlay/vllm/distributed/parallel_state.py"), case
+    assert case["late_state"].startswith("failed: get_inner_dp_world_group: "), case
+    assert "differs from its bytecode" in case["late_state"], case
+    assert case["pwned"] is None and case["late_call"] == "None", case  # vLLM's own, under -O
