@@ -26,6 +26,7 @@ previous exporter fails every one of these: measured):
 7. a record whose contents lie about its pid is served under the pid of its
    name; a malformed one is skipped alone; a dead one is removed; an old-style
    ``1.json`` is neither served nor removed;
+8. a KIMI_HOTFIX value with a newline and a forged summary line: escaped;
 9. vLLM's ``.py`` changed after the import (a real copy in an overlay of the
    installed vLLM): under -O the hardening patch reads failed, the change never runs.
 """
@@ -48,6 +49,8 @@ pytestmark = pytest.mark.releases("0.29.0")
 
 HERE = Path(__file__).resolve().parent
 PID_FLOOR = 30000
+FORGED = ("2026-01-01 00:00:00,000 kimi-hotfix[1] INFO kimi-hotfix 0.1.0 (vllm 0.29.0, "
+          "python -O): kv_spec_merge: applied | capture_workspace: applied")
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 VALID = {"role": "EngineCore", "states": {"kv_spec_merge": "applied"}, "cost": {"arm": 0.1},
          "info": {"version": "0.1.0", "vllm": "0.29.0", "python": "python -O", "enabled": "true",
@@ -79,6 +82,8 @@ def cases(shared):
             {"name": "b-data", "env": {**default, "KIMI_HOTFIX_POD_DIR": data}},
             {"name": "b-clean", "env": default, "unset": ["KIMI_HOTFIX_POD_DIR"],
              "clean_and_plant": victim, "signal": "b-done"},
+            # finding 8: a kill switch whose value would forge a log line of its own
+            {"name": "b-env", "env": {**default, "KIMI_HOTFIX": f"0\n{FORGED}"}},
             # finding 9: vLLM's .py changed after the import, under -O
             {"name": "b-source", "env": default, "overlay": shared["overlay"]},
         ],
@@ -261,3 +266,16 @@ def test_a_vllm_source_changed_after_import_is_never_compiled_under_O(release, p
     assert case["late_state"].startswith("failed: get_inner_dp_world_group: "), case
     assert "differs from its bytecode" in case["late_state"], case
     assert case["pwned"] is None and case["late_call"] == "None", case  # vLLM's own, under -O
+
+
+def test_an_environment_value_never_forges_a_log_line(release, pod):
+    """Finding 8: KIMI_HOTFIX set to a value holding a newline and a whole summary
+    line: the shim is off (it fails closed) and every process line says so, with
+    the value escaped (no line of its own, no `|` to split a state on)."""
+    _, seen, _ = pod
+    env = seen["b-env"]
+    lines = env["stderr"].splitlines()
+    assert not any(line.startswith(FORGED[:40]) for line in lines), env["stderr"]
+    summaries = [line for line in lines if "INFO kimi-hotfix 0.1.0 (vllm" in line]
+    assert summaries and all("disabled (KIMI_HOTFIX=0\\x0a2026-01-01" in line and
+                             line.count(" | ") == 4 for line in summaries), summaries
