@@ -72,7 +72,7 @@ def _plugin_entry(pythonpath_shims=None):
 class PluginMetadataError(Exception):
     def __init__(self, where, exc):
         super().__init__(f"{where}: {describe(exc)}")
-        self.where = where
+        self.where, self.cause = where, describe(exc)
 
 
 def _dist_dir(dist) -> str:
@@ -193,7 +193,7 @@ def _plugin_info(shim):
     try:
         ep, where = _plugin_entry(shim["pythonpath_shim_dirs"])
     except PluginMetadataError as exc:
-        ep, where, broken = None, exc.where, str(exc)
+        ep, where, broken = None, exc.where, exc.cause
     allowed = os.environ.get("VLLM_PLUGINS")
     home = os.path.dirname(where) if ep is not None else None
     info = {
@@ -212,16 +212,15 @@ def _plugin_info(shim):
     allowed_names = None if allowed is None else allowed.split(",")
     info["loads"] = ep is not None and (allowed_names is None or PLUGIN_NAME in allowed_names)
     if broken:
-        info["why"] = (f"vLLM's plugin loader will raise: the package metadata at {broken} "
-                       "cannot be read (importlib.metadata.entry_points() fails)")
+        info["why"] = ("vLLM's plugin loader will raise: the package metadata below cannot "
+                       f"be read (importlib.metadata.entry_points() fails: {broken})")
     elif ep is None:
         info["why"] = "not installed (pip install the package to get it)"
     elif not info["loads"]:
         info["why"] = f"installed, but VLLM_PLUGINS={allowed!r} does not list {PLUGIN_NAME}"
     elif info["source"] == "pythonpath":
-        info["why"] = (f"{os.path.basename(where)} in {home}: vLLM's plugin loader arms the "
-                       "shim in the processes that load plugins (the API server, engine cores, "
-                       "workers, LLM())")
+        info["why"] = ("vLLM's plugin loader arms the shim in the processes that load plugins "
+                       "(the API server, engine cores, workers, LLM()) from the dist-info below")
     else:
         info["why"] = "installed: vLLM arms the shim in every process it starts"
     return info
@@ -434,7 +433,7 @@ def print_status(report, out=None):
     shim = report["shim"]
     w(f"  shim       {shim['why']}\n")
     ran = ", ".join(shim["sitecustomize_ran"]) or "none"
-    _wrapped(w, "  site       ", f"sitecustomize that ran here: {ran}", " " * 13)
+    w(f"  site       sitecustomize that ran here: {ran}\n")  # paths: never wrapped
     if shim["sitecustomize_loaded"]:
         chained = ", ".join(shim["chained"]) or "none found later on sys.path"
         w(f"  chained    {chained}\n")
@@ -442,6 +441,8 @@ def print_status(report, out=None):
             w(f"  copy       {copy} (another copy of the shim's bootstrap: not chained)\n")
     pl = report["plugin"]
     _wrapped(w, "  plugin     ", f"{pl['group']}:{pl['name']} {pl['why']}", " " * 13)
+    if pl["dist_info"]:  # a path on a line of its own: the wrap above is the same anywhere
+        w(f"{' ' * 13}{pl['dist_info']}\n")
     t = report["toggles"]
     w(f"  toggles    KIMI_HOTFIX={_flag(t['enabled'])}  "
       f"disable={','.join(t['disabled']) or '-'}  force={','.join(t['forced']) or '-'}  "

@@ -95,7 +95,7 @@ def test_status_under_a_shadowing_sitecustomize(stand_in_vllm):
     _, text = status(path)
     flat = " ".join(text.split())
     assert f"sitecustomize that ran here: {apm}" in flat and "SHADOWED:" in flat, text
-    assert f"{dist_info().name} in {REPO}" in flat, text
+    assert f"from the dist-info below\n{' ' * 13}{dist_info()}\n" in text, text
     # the plugin refused by VLLM_PLUGINS: nothing arms, and status says why, shadowing included
     rc, report = status(path, "--json", VLLM_PLUGINS="someone_else")
     assert rc == 3 and report["active_reason"].startswith("INACTIVE: sitecustomize SHADOWED")
