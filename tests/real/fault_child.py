@@ -177,7 +177,8 @@ def child(config, case, tree, base):
         sys.path.append(config["standins"])
         import mechanics
 
-        out["chain"] = {"site_log": read(base + ".site.log").splitlines(),
+        out["chain"] = {"bundle": config["masters"]["bundle"], "checkout": tree,
+                        "site_log": read(base + ".site.log").splitlines(),
                         "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None),
                         "bootstrap": getattr(bootstrap, "__file__", None),
                         "chained": list(getattr(bootstrap, "CHAINED", [])),
