@@ -312,16 +312,24 @@ def pickling():
              "VllmConfig.__post_init__": config_vllm.VllmConfig.__post_init__,
              "CudaGraphManager._init_candidates": cudagraph_utils.CudaGraphManager._init_candidates,
              "KimiK3KDAMetadataBuilder.build": kda_metadata.KimiK3KDAMetadataBuilder.build}
+    import wrapt
+
+    def outcome(way, obj):  # "same": the very object; "equal": == only (wrapt's
+        try:  # proxies compare the wrapped object, so an unwrapped copy is "equal")
+            back = way(obj)
+        except Exception as exc:
+            return f"error: {type(exc).__name__}", None
+        return "same" if back is obj else "equal" if back == obj else "other", core.is_wrapped(back)
+
     out = {}
     for name, obj in found.items():
         row = {"wrapped": core.is_wrapped(obj)}
         for how, way in ways.items():
-            try:
-                back = way(obj)
-                row[how] = "same" if back is obj or back == obj else "other"
-            except Exception as exc:
-                row[how] = f"error: {type(exc).__name__}"
+            row[how], row[how + "_wrapped"] = outcome(way, obj)
         out[name] = row
+    # the control: a bare wrapt proxy around the same callable, as wrapt makes it
+    bare = wrapt.FunctionWrapper(kvi.FullAttentionSpec.merge, lambda f, i, a, k: f(*a, **k))
+    out["<wrapt.FunctionWrapper>"] = {how: outcome(way, bare)[0] for how, way in ways.items()}
     return out
 
 
