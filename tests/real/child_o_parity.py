@@ -97,6 +97,7 @@ def _barrier():
                             world_size=1, rank=0)
     parallel_state._WORLD = parallel_state.init_world_group([0], 0, "gloo")
     inner = parallel_state._INNER_DP_WORLD
+    own = parallel_state.get_inner_dp_world_group  # vLLM's own, before any patch
     out = {"inner_dp_world": None if inner is None else repr(inner)}
     out["without"] = outcome(spec._all_workers_barrier)
     out["with"] = patched(PATCH, parallel_state, lambda: outcome(spec._all_workers_barrier))
@@ -105,7 +106,8 @@ def _barrier():
 
     out["getter_without"] = getter()
     out["getter_with"] = patched(PATCH, parallel_state, getter)
-    out["restored"] = parallel_state.get_inner_dp_world_group.__module__ == parallel_state.__name__
+    # identity, not __module__ (wrapt forwards it: a wrapper still in place reads the same)
+    out["restored"] = parallel_state.get_inner_dp_world_group is own
     return out
 
 
