@@ -36,15 +36,23 @@ def kda(core):
     from kimi_hotfix.patches import kda_overlong_rows as patch
     from kimi_hotfix.patches.kda_overlong_rows import probe
 
+    within = ([9] * 4, None, [8] * 4, [50] * 4)
+
     def calls():
         builder = probe.make_builder(**SEED)
-        batches = [([9] * 4, None, [8] * 4, [50] * 4), ([10] * 4,)] * 3  # within, over-long
+        batches = [within, ([10] * 4,)] * 3  # within capacity, over-long
         return [_outcome(lambda b=b: probe.serialize_metadata(builder.build(*probe.build_args(*b))))
                 for b in batches]
 
+    def own():  # the within-capacity batch through vLLM's own build, nothing of the shim's
+        builder = probe.make_builder(**SEED)
+        return _outcome(lambda: probe.serialize_metadata(builder.build(*probe.build_args(*within))))
+
     with core.toggled(patch.PATCH.name, True):
         result = _swapped(patch, "route_overlong_rows", calls)
-    return [c[:2] if c[0] == "ok" else c for c in result]
+    with core.toggled(patch.PATCH.name, False):
+        unpatched = own()
+    return {"calls": [c[:2] if c[0] == "ok" else c for c in result], "own_within": unpatched[:2]}
 
 
 def kv(core):
