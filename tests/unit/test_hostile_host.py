@@ -22,7 +22,9 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -148,6 +150,38 @@ def test_the_sweep_removes_only_this_users_dead_pod_directories(entries):
             os.close(fd)
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(victim, ignore_errors=True)
+
+
+CREATOR = """
+import sys, time
+from kimi_hotfix import metrics
+metrics._open_pod()
+print(metrics._pod, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_sigkilled_creators_pod_directory_is_swept_and_a_live_ones_is_not(tmp_path):
+    """docs/operations.md: the next creator removes the directories whose lock
+    nobody holds (a creator SIGKILLed): a real process makes its pod directory
+    as the exporter does, and the kernel releases its lock when it is killed."""
+    env = hermetic_env(TMPDIR=str(tmp_path), PYTHONPATH=str(REPO))
+    creator = subprocess.Popen([sys.executable, "-c", CREATOR], env=env,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        made = creator.stdout.readline().strip()
+        assert os.path.dirname(made) == str(tmp_path) and os.path.isdir(made), made
+        metrics._sweep_pods(str(tmp_path))
+        assert os.path.isdir(made)  # its creator lives: kept
+        creator.send_signal(signal.SIGKILL)
+        creator.wait(timeout=30)
+        assert os.path.isdir(made)  # no exit handler ran
+        metrics._sweep_pods(str(tmp_path))
+        assert not os.path.exists(made)
+    finally:
+        creator.kill()
+        creator.wait()
+        creator.stdout.close()
 
 
 def test_a_pod_directory_of_another_user_or_through_a_link_is_never_used(tmp_path):

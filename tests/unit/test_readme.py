@@ -43,3 +43,34 @@ def test_relative_links_land():
             elif anchor and (dest.is_dir() or anchor not in anchors(dest)):
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert broken == []
+
+
+def _releases_run() -> list:
+    """The vLLM releases the real tier runs (tests/real/harness.py, RELEASES)."""
+    import ast
+
+    tree = ast.parse((REPO / "tests" / "real" / "harness.py").read_text())
+    (value,) = [n.value for n in tree.body if isinstance(n, ast.Assign)
+                and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["RELEASES"]]
+    return sorted({r.split("-")[0] for r in ast.literal_eval(value)})
+
+
+def test_the_releases_said_to_be_verified_are_the_ones_run():
+    """Issue 30 item 5: the README and docs/verify.md name exactly what the real tier runs."""
+    run = _releases_run()
+    said = ", ".join(run[:-1]) + " and " + run[-1]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    verify = " ".join((REPO / "docs" / "verify.md").read_text().split())
+    assert f"Released wheels {said} on CPU" in readme, said
+    assert f"The real vLLM code of {said} (the released wheels)" in verify, said
+
+
+def test_verify_names_every_exit_code_of_check():
+    """Issue 30 item 6: docs/verify.md listed check's exit codes without 3."""
+    from kimi_hotfix import cli
+
+    text = " ".join((REPO / "docs" / "verify.md").read_text().split())
+    part = text[text.index("`python -O -m kimi_hotfix check`"):]
+    part = part[:part.index("`--json` for pipelines")]
+    codes = [code for code, meaning in cli.EXIT_CODES if meaning.get("check")]
+    assert codes and all(f"{code}: " in part for code in codes), (codes, part)
