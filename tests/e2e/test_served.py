@@ -22,7 +22,7 @@ import re
 
 import pytest
 
-from kimi_hotfix import registry
+from kimi_hotfix import __version__, registry
 from kimi_hotfix.base import Kind
 
 from runs import BROKEN, DECODE_TOKENS, MEASURED, PROMPT_WORDS, RUNS, dump, run
@@ -534,7 +534,7 @@ def served_pod(record) -> tuple:
     said = summaries(record["serving_log"])
     for pid, view in views.items():
         (info,) = view["info"]
-        assert (info["version"], info["vllm"], info["python"]) == ("0.1.0", "0.29.0", "python -O"), info
+        assert (info["version"], info["vllm"], info["python"]) == (__version__, "0.29.0", "python -O"), info
         vllms = roles[int(pid)]  # vLLM's log prefix: its process name, "Worker" for VllmWorker-N
         assert view["role"].lower() == vllms.lower() or (
             vllms == "Worker" and re.fullmatch(r"VllmWorker-\d+", view["role"])), (view["role"], vllms)
@@ -730,7 +730,7 @@ print("KIMI_JSON:" + json.dumps({"pid": os.getpid(), "before": before, "after": 
     after = lifecycle_states(out["after"])
     assert after[pid]["kv_spec_merge"] == "applied" and after[pid]["capture_workspace"] == "pending"
     info = (("armed_by", "sitecustomize"), ("enabled", "true"), ("pid", pid), ("python", "python -O"),
-            ("role", "main"), ("version", "0.1.0"), ("vllm", "0.29.0"))
+            ("role", "main"), ("version", __version__), ("vllm", "0.29.0"))
     assert metrics_samples(out["after"])[("kimi_hotfix_info", info)] == 1.0
     assert re.search(rf'^vllm:e2e_probe\{{pid="{pid}"\}} 7\.0$', out["after"], re.M), out["after"]
     # the default registry holds no collector of ours in this mode (it is not served)

@@ -9,7 +9,11 @@
 - wrapt missing (a venv that hides it): one warning, the shim inactive, vLLM
   works; strict mode fails the import;
 - KIMI_HOTFIX_DISABLE=*: nothing wrapped, the -O bug is back;
-- garbage in every variable at once: one warning per variable, defaults kept;
+- garbage in every variable at once: one warning per variable; the unknown
+  KIMI_HOTFIX fails closed (off, vLLM's own -O code runs) and the log level
+  keeps INFO (the summary line is logged); the other variables' defaults are
+  not visible with the shim off: tests/unit/test_faults.py checks each
+  variable's garbage alone (test_garbage_in_each_variable);
 - an exception inside kv_spec_merge's own code: logged once, saying what runs.
 Where a case is one process of vLLM with some environment, it is a
 configuration of harness.PLAN (tests/real/child.py): the threads are
@@ -376,7 +380,14 @@ def phase():
     except AssertionError:
         getter = "AssertionError"
     states = core.states()
-    return {"getter": getter, "merge": capability_merge(kvi),
+    outer_getter = ps.get_inner_dp_world_group
+    below_getter = outer_getter.__closure__[outer_getter.__code__.co_freevars.index("original")]
+    outer_merge = vars(kvi.MLAAttentionSpec)["merge"]
+    layers = {  # outermost first: who is on the attribute, and what it calls
+        "getter": [outer_getter.__code__.co_filename.rpartition("/")[2],
+                   type(below_getter.cell_contents).__name__],
+        "merge": [type(outer_merge).__name__, type(outer_merge.__wrapped__).__name__]}
+    return {"getter": getter, "merge": capability_merge(kvi), "layers": layers,
             "calls": {k: other_library.CALLS[k] - before[k] for k in before},
             "kv_spec_merge": str(states["kv_spec_merge"]),
             "inner_dp_group": str(states["inner_dp_group"])}
@@ -398,8 +409,9 @@ def test_other_instrumentation_keeps_running_and_the_states_stay_true(release, t
     """Issue 20 items 4 and 6: another library wraps the getter (functools.wraps,
     in its own file) and MLAAttentionSpec.merge (wrapt), before the shim settles
     or after. The decisions read vLLM's own functions beneath its wrappers
-    (applied, not "not needed"); the shim installs beneath them, so both run on
-    every call: -O gets plain Python's behaviour (the getter raises, the merge
+    (applied, not "not needed"); the shim installs beneath them (``layers``: the
+    other library's wrapper stays on the attribute and calls the shim's), so
+    both run on every call: -O gets plain Python's behaviour (the getter raises, the merge
     keeps the draft capability) and the other library counts every call.
     undo() takes the shim out from under (or from beneath) the other wrapper:
     vLLM's -O behaviour is back, the other library still runs, and the state
@@ -414,10 +426,15 @@ def test_other_instrumentation_keeps_running_and_the_states_stay_true(release, t
     (out,) = json_lines(proc.stdout)
     patched = {"getter": "AssertionError", "merge": "any"}
     unpatched = {"getter": "returned None", "merge": "drops"}
+    beneath = {"getter": ["other_library.py", "KimiHotfixWrapper"],
+               "merge": ["FunctionWrapper", "KimiHotfixWrapper"]}
+    alone = {"getter": ["other_library.py", "function"], "merge": ["FunctionWrapper", "classmethod"]}
     for name, expect in (("applied", patched), ("undone", unpatched), ("reapplied", patched),
                          ("undone_again", unpatched)):
         seen = out[name]
         assert {k: seen[k] for k in expect} == expect, (name, seen)
+        # the other library's wrapper stays outermost; the shim's is the one beneath it
+        assert seen["layers"] == (beneath if expect is patched else alone), (name, seen)
         assert seen["calls"]["getter"] == 1 and seen["calls"]["merge"] >= 1, (name, seen)
         for patch in ("kv_spec_merge", "inner_dp_group"):
             state = seen[patch]
