@@ -26,7 +26,6 @@ in for the bundle's.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import re
@@ -82,9 +81,16 @@ def wrapt_probe():
 
 
 def pyenv_python(version):
-    found = sorted(glob.glob(f"/root/.pyenv/versions/{version}.*/bin/python"))
+    """A Python ``version`` (X.Y) found as scripts/build-venv finds one (pythonX.Y
+    on PATH, else the newest ~/.pyenv/versions/X.Y.*): no machine's path written in."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import venvlock
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    found = venvlock.find_python(version)
     assert found, f"no Python {version} on this machine"
-    return found[-1]
+    return found[0]
 
 
 def build_bundle(version, out):
