@@ -168,8 +168,9 @@ def test_meta_path_removal_under_another_threads_walk_fails_its_import(tmp_path,
     assert proc.returncode == 0, proc.stderr
     out = json_lines(proc.stdout)[0]
     assert out["armed"] is shim
-    assert out["meta_path"] == ["ImportHookFinder", "DistutilsMetaFinder", "BuiltinImporter",
-                                "FrozenImporter", "PathFinder"]  # as in a vLLM process
+    # as in a vLLM process (a virtualenv may add its own finder)
+    assert out["meta_path"][0] == "ImportHookFinder" and "DistutilsMetaFinder" in out["meta_path"]
+    assert out["meta_path"][-3:] == ["BuiltinImporter", "FrozenImporter", "PathFinder"]
     assert out["race"]["parked_in"] == "FrozenImporter", out
     assert all(out[case]["parked"] for case in ("arming", "race", "control", "copied")), out
     # the failure the real tier saw, on every CPython that walks the live list, shim or not
