@@ -127,11 +127,45 @@ t0 = time.perf_counter()
 import importlib  # noqa: E402
 
 THREAD_ERRORS = []
+META_PATH_REMOVALS = []
 if SPEC.get("threads"):  # vLLM first, then three targets imported by three threads at once
     import threading
 
+    # setuptools' first import (torch.utils.cpp_extension, below cudagraph_utils) inserts
+    # and then removes a finder at sys.meta_path[0] in place: a thread walking the list
+    # then can skip PathFinder and fail to find a module that exists (CPython gh-130094,
+    # fixed by walking a copy in 3.14 and 3.13's later releases; tests/unit/
+    # test_meta_path_race.py). Not the shim's: it runs here, before vLLM and the threads, and
+    # any removal from sys.meta_path while they import is recorded (none expected).
+    import setuptools  # noqa: F401
     import vllm  # noqa: F401  (arms the shim; threads racing vLLM's own first import is another matter)
 
+    class _Recording(list):
+        def _removed(self, how):
+            META_PATH_REMOVALS.append(f"{how} in {threading.current_thread().name}: "
+                                      + "".join(traceback.format_stack(limit=8)[:-2])[-1500:])
+
+        def remove(self, value):
+            self._removed("remove")
+            return super().remove(value)
+
+        def pop(self, *args):
+            self._removed("pop")
+            return super().pop(*args)
+
+        def clear(self):
+            self._removed("clear")
+            return super().clear()
+
+        def __delitem__(self, key):
+            self._removed("del")
+            return super().__delitem__(key)
+
+        def __setitem__(self, key, value):
+            self._removed("slice assignment")
+            return super().__setitem__(key, value)
+
+    _recording = sys.meta_path = _Recording(sys.meta_path)
     _barrier = threading.Barrier(3)
 
     def _load(name):
@@ -146,6 +180,9 @@ if SPEC.get("threads"):  # vLLM first, then three targets imported by three thre
         _thread.start()
     for _thread in _threads:
         _thread.join()
+    if sys.meta_path is not _recording:
+        META_PATH_REMOVALS.append("sys.meta_path was rebound while the threads imported")
+    sys.meta_path = list(sys.meta_path)
 for _target in cases.TARGETS:
     importlib.import_module(_target)
 IMPORT_SECONDS = time.perf_counter() - t0
@@ -215,6 +252,7 @@ def process():
         "kv_cache_interface_file": kvi.__file__,
         "mla_ctor_broken_at_import": bool(_ctor),
         "thread_import_errors": THREAD_ERRORS,
+        "meta_path_removals": META_PATH_REMOVALS,
         "late": LATE,
     }
 

@@ -22,9 +22,9 @@ Made deterministic here, with stand-ins and no vLLM: thread B's walk is parked
 (``sys.settrace``) on the finder before ``PathFinder`` while the main thread
 runs setuptools' two lines; the same failure with and without the shim armed,
 none without the two lines, none with ``_find_spec`` walking a copy (what
-gh-130094 does). The real vLLM and setuptools: tests/real/meta_path_race.py,
-run by tests/real/test_processes.py, which also holds the threaded test to no
-in-place removal from sys.meta_path while its threads import.
+gh-130094 does). The real vLLM and setuptools, by hand: tests/real/meta_path_race.py.
+tests/real/test_processes.py's threaded child imports setuptools before its
+threads and holds them to no removal from sys.meta_path while they import.
 """
 
 from __future__ import annotations
