@@ -99,7 +99,8 @@ def build_cases(kvi):
             if again is not None and again != value:
                 try:
                     w = dataclasses.replace(b, **{f.name: again})
-                except Exception:
+                except Exception as exc:  # recorded, not dropped (issue 30 item 9)
+                    unvaried.append(f"{n}.{f.name}' ({type(exc).__name__})")
                     continue
                 found[f"{n}.merge[{f.name},{f.name}']"] = (cls, [v, w])
         if is_mla(cls):
