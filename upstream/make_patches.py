@@ -133,7 +133,7 @@ def mechanical(source: str, functions: list[str], exception: str = "AssertionErr
 PATCHES = [
     {
         "name": "0002-parallel-state-inner-dp-getter-explicit-check",
-        "subject": "[Bugfix][KV Offload] Raise AssertionError explicitly in "
+        "subject": "[Bugfix][Distributed] Raise AssertionError explicitly in "
                    "get_inner_dp_world_group",
         "body": (
             "CPU KV offload's _all_workers_barrier (vllm/v1/kv_offload/cpu/spec.py)\n"
@@ -147,9 +147,7 @@ PATCHES = [
         ),
         "edits": {"vllm/distributed/parallel_state.py": ["get_inner_dp_world_group"]},
         "exception": "AssertionError",
-        "comment": "Explicit: _all_workers_barrier catches AssertionError; python -O "
-                   "strips asserts.",
-        "tests": ["tests/v1/kv_offload/cpu/test_all_workers_barrier_optimized.py"],
+        "tests": ["tests/distributed/test_parallel_state.py"],
     },
     {
         "name": "0003-vllm-config-explicit-checks",
@@ -176,7 +174,7 @@ PATCHES = [
                                           "VllmConfig.validate_block_size"]},
         "exception": "ValueError",
         "keep_type_narrowing": True,
-        "tests": ["tests/config/test_vllm_config_checks.py"],
+        "tests": ["tests/config/test_vllm_config.py"],
     },
 ]
 
@@ -200,8 +198,97 @@ FIRST = {
         "get_uniform_page_size). Behaviour without python -O is unchanged."
     ),
     "files": ["vllm/v1/kv_cache_interface.py", "vllm/v1/core/kv_cache_planning.py"],
-    "tests": ["tests/v1/core/test_kv_cache_spec_merge_checks.py"],
+    "tests": ["tests/v1/core/test_kv_cache_utils.py"],
 }
+
+
+# The regression tests go into the files where vLLM keeps their kind of test.
+# Those files are not in the wheel, and this project keeps no copy of them: it
+# records only the lines its hunks touch or show as context, read from
+# vllm-project/vllm at the commit named (the newest the index read here held),
+# and where they are. ``lines``: the file's length there; None where it was not
+# known here (a 4,000-line file): that hunk is anchored at the file's end by its
+# context alone, and ``git am`` reports an offset. ``imports``: (the line the
+# added imports follow, 0 for the top; the lines before and after it).
+# upstream/tests/<path> holds what is added, in sections (see its header).
+TEST_BASES = {
+    "tests/v1/core/test_kv_cache_utils.py": {
+        "commit": "002f10e0cfa1373a19a0d2756598a34b700d20e5", "lines": None, "imports": None,
+        "tail": ["    )", "", "    assert not any(g.is_eagle_group for g in groups)"],
+    },
+    "tests/distributed/test_parallel_state.py": {
+        "commit": "22de8ae2b9122021dbe88723653a87c4fd566fc9", "lines": 49,
+        "imports": (0, [], ["from typing import Any, Dict", "", "import torch"]),
+        "tail": ["        },", '        "key8": "value5"', "    }"],
+    },
+    "tests/config/test_vllm_config.py": {
+        "commit": "f8e48ffde070c138e80dc92497fb8cb26823711b", "lines": 19,
+        "imports": (5, ["", "from pathlib import Path", ""],
+                    ["from vllm.config.vllm import _normalize_debug_dump_path", "", ""]),
+        "tail": ['    path = _normalize_debug_dump_path("vllm-debug")', "",
+                 '    assert path == Path("vllm-debug").absolute()'],
+    },
+}
+SECTIONS = ("# >>> the file's own imports", "# >>> added to the imports", "# >>> appended at the end")
+FILLER = "# (a line of vLLM's file that this project does not hold)"
+
+
+def sections(rel: str) -> tuple:
+    """(the file's own imports, added imports, appended lines) of
+    upstream/tests/<rel>, each a list of lines without blank lines at its ends."""
+    lines = (HERE / rel).read_text().splitlines()
+    marks = [lines.index(mark) for mark in SECTIONS]
+    parts = [lines[a + 1:b] for a, b in zip(marks, [*marks[1:], len(lines)])]
+
+    def trim(part):
+        while part and not part[0].strip():
+            part = part[1:]
+        while part and not part[-1].strip():
+            part = part[:-1]
+        return part
+    return tuple(trim(part) for part in parts)
+
+
+def stand_in(rel: str) -> str:
+    """vLLM's test file as far as this project knows it: the recorded lines at
+    their places, ``FILLER`` elsewhere (never within a hunk's context)."""
+    base = TEST_BASES[rel]
+    tail = base["tail"]
+    n = base["lines"] or len(tail) + 1  # unknown length: one filler line, then the tail
+    text = [FILLER] * n
+    text[n - len(tail):] = tail
+    if base["imports"]:
+        at, before, after = base["imports"]
+        text[at - len(before):at + len(after)] = [*before, *after]
+    return "\n".join(text) + "\n"
+
+
+def with_tests(rel: str, text: str) -> str:
+    """``text`` (vLLM's file) with the imports added and the tests appended."""
+    _own, added, appended = sections(rel)
+    lines = text.splitlines()
+    base = TEST_BASES[rel]
+    if added:
+        if not base["imports"]:
+            raise SystemExit(f"{rel}: imports added, but where is not recorded")
+        at = base["imports"][0]
+        lines[at:at] = added
+    return "\n".join([*lines, "", "", *appended]) + "\n"
+
+
+def runnable(rel: str) -> str:
+    """The added tests as a file of their own: what the overlay puts at ``rel``
+    (the rest of vLLM's file is not here)."""
+    return (HERE / rel).read_text()
+
+
+def without_stand_in_index(text: str, tests) -> str:
+    """No ``index`` line for the test files changed: its hashes would be the
+    stand-in's, not vLLM's (``git am`` needs none without --3way)."""
+    for rel in tests:
+        text = re.sub(rf"(^diff --git a/{re.escape(rel)} b/{re.escape(rel)}\n)index [0-9a-f.]+ \d+\n",
+                      r"\1", text, flags=re.M)
+    return text
 
 
 def _git(repo, *args, **kwargs):
@@ -229,20 +316,22 @@ def build(spec, tree: Path, out: Path, edit) -> Path:
         for rel in edit:  # the released files
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(tree / rel, repo / rel)
+        for rel in spec["tests"]:  # vLLM's test file (its stand-in)
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            (repo / rel).write_text(stand_in(rel))
         _git(repo, "add", "-A", env=env)
         _git(repo, "commit", "-q", "-m", "vLLM 0.33.0 as released", env=env)
         for rel, change in edit.items():
             change(repo / rel)
         for rel in spec["tests"]:
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(HERE / rel, repo / rel)
+            (repo / rel).write_text(with_tests(rel, stand_in(rel)))
         _git(repo, "add", "-A", env=env)
         # ";" as the comment character: body lines like "#55234 ..." are text
         _git(repo, "-c", "core.commentChar=;", "commit", "-q",
              "-m", f"{spec['subject']}\n\n{spec['body']}\n\n{TRAILER}", env=env)
         target = out / f"{spec['name']}.patch"
         text = _git(repo, "format-patch", "-1", "--stdout", "--no-signature", "HEAD", env=env)
-        target.write_text(without_author(text))
+        target.write_text(without_stand_in_index(without_author(text), spec["tests"]))
     return target
 
 

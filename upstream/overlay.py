@@ -4,13 +4,15 @@
 laid out like vLLM's repository for what the patch touches: ``dest/vllm`` is a
 tree of real directories whose files are symlinks to the installed package
 (like ``cp -rs``), except the files the patch changes: each symlink is replaced
-by a real copy first, then ``patch -p1`` runs in ``dest``, which also creates
-the test files the patch adds (new files under ``tests/``). Put ``dest`` FIRST
+by a real copy first, then ``patch -p1`` runs in ``dest`` on the patch's
+``vllm/`` part. The test files the patch adds to (vLLM's own test files, which
+neither the wheel nor this project holds) are written from upstream/tests/: the
+added tests, with the imports they use, as a file of their own. Put ``dest`` FIRST
 on ``sys.path``/``PYTHONPATH``, or run ``python -m pytest tests/...`` from
 ``dest`` (as in vLLM's repository). The installed files are hashed before and
 after; any change to them, a patch that does not apply cleanly (no fuzz), a
-patch that changes a file outside ``vllm/`` or adds one outside ``tests/``
-raises ``OverlayError``. ``importlib.metadata.version("vllm")`` still answers
+patch that changes a file outside ``vllm/`` and ``tests/`` raises
+``OverlayError``. ``importlib.metadata.version("vllm")`` still answers
 from the venv's dist-info. ``make_tree(site_packages, dest, files)`` builds the
 same layout with vLLM as released (no patch) and the given test files: the
 run that shows a regression test failing without its fix.
@@ -32,12 +34,14 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 
 PACKAGE = "vllm"
+HERE = Path(__file__).resolve().parent
 MANIFEST = "kimi-overlay.json"
 
 
@@ -69,40 +73,54 @@ def _relative(patch_file, name) -> PurePosixPath:
 
 
 def _classify(patch_file: Path) -> tuple:
-    """(changed files under vllm/, new files under tests/), relative, in order."""
+    """(changed files under vllm/, test files under tests/ it adds or changes),
+    relative, in order."""
     changed: list[str] = []
-    added: list[str] = []
+    tests: list[str] = []
     pairs = _file_pairs(patch_file)
     if not pairs:
         raise OverlayError(f"{patch_file}: no file headers (is it a unified diff?)")
     for old, new in pairs:
-        if old is None and new is not None:
+        if new is not None and _relative(patch_file, new).parts[0] == "tests":
             rel = _relative(patch_file, new)
-            if rel.parts[0] != "tests":
-                raise OverlayError(f"{patch_file}: adds {str(rel)!r}, outside tests/")
-            added.append(str(rel))
+            if old is not None and _relative(patch_file, old) != rel:
+                raise OverlayError(f"{patch_file}: renames {old!r}")
+            tests.append(str(rel))
             continue
         for name in (old, new):
             rel = _relative(patch_file, name) if name else None
             if rel is None or rel.parts[0] != PACKAGE:
-                raise OverlayError(f"{patch_file}: {name!r} is outside {PACKAGE}/")
+                raise OverlayError(f"{patch_file}: {name!r} is outside {PACKAGE}/ and tests/")
         if str(rel) not in changed:
             changed.append(str(rel))
-    return changed, added
+    return changed, tests
 
 
 def patch_paths(patch_file: Path) -> list[str]:
     """Paths (relative to the repository root, ``-p1``) of the package files a
-    unified diff changes; its new test files: ``added_paths``."""
-    changed, added = _classify(patch_file)
+    unified diff changes; its test files: ``added_paths``."""
+    changed, _tests = _classify(patch_file)
     if not changed:
         raise OverlayError(f"{patch_file}: changes no file under {PACKAGE}/")
     return changed
 
 
 def added_paths(patch_file: Path) -> list[str]:
-    """Paths of the files the patch creates (regression tests under tests/)."""
+    """Paths of the test files the patch adds to or creates under tests/."""
     return _classify(patch_file)[1]
+
+
+def package_part(text: str) -> str:
+    """The patch less its ``tests/`` files: what ``patch`` applies to the package."""
+    parts = re.split(r"(?m)^(?=diff --git )", text)
+    return "".join(p for p in parts if not p.startswith("diff --git a/tests/"))
+
+
+def test_files(patch_file: Path) -> dict:
+    """{path under tests/: text} of what the overlay holds for each test file the
+    patch touches: the tests it adds, from upstream/tests/ (a file of their own;
+    the rest of vLLM's file is not in the wheel, nor here)."""
+    return {rel: (HERE / rel).read_text() for rel in added_paths(patch_file)}
 
 
 def sha256(path: Path) -> str:
@@ -198,8 +216,14 @@ def make_overlay(site_packages: Path, patch_file: Path, dest: Path) -> Path:
             shutil.copyfile(originals[rel], copy)  # fresh mtime: no stale .pyc matches
             shutil.copymode(originals[rel], copy)
             copy.chmod(copy.stat().st_mode | 0o200)
-        _run_patch(patch_file, dest, dry_run=True)
-        log = _run_patch(patch_file, dest, dry_run=False)
+        package_patch = dest / "package.patch"
+        package_patch.write_text(package_part(patch_file.read_text()))
+        _run_patch(package_patch, dest, dry_run=True)
+        log = _run_patch(package_patch, dest, dry_run=False)
+        package_patch.unlink()
+        for rel, text in test_files(patch_file).items():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_text(text)
 
         after = {rel: sha256(path) for rel, path in originals.items()}
         changed = sorted(rel for rel in touched if after[rel] != before[rel])

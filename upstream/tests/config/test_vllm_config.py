@@ -49,6 +49,7 @@ def test_validate_block_size_raises_value_error():
             "Invalid compile range endpoint: 0",
         ),
     ],
+    ids=["nixl_dcp_4_of_tp_8", "compile_range_endpoint_0"],
 )
 def test_post_init_checks_raise_value_error(kwargs, message):
     with pytest.raises(ValueError, match=message) as info:
