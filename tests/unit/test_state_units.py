@@ -1,0 +1,74 @@
+"""kimi_hotfix.state in-process, on a snapshot of its tables (restored after
+each test): what ``fail_pending``, ``records``, ``begin``/``finish`` and
+``mark_undone`` do to each kind of state. The same through arming, in child
+interpreters: test_states.py and test_lifecycle.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from kimi_hotfix import registry, state
+from kimi_hotfix.base import Kind, State
+
+
+@pytest.fixture
+def tables(monkeypatch):
+    for name in ("_states", "_records", "_settling"):
+        monkeypatch.setattr(state, name, dict(getattr(state, name)))
+    state._states.clear()
+    state._records.clear()
+    state._settling.clear()
+    return state
+
+
+def test_fail_pending_fails_the_pending_and_the_never_settled(tables):
+    first, second, *rest = registry.names()
+    tables._states[first] = State(Kind.APPLIED, "the bug is there")
+    tables._states[second] = State(Kind.PENDING)
+    tables._states["kimi_test_extra"] = State(Kind.PENDING)  # added beside the registry
+    tables._states["kimi_test_done"] = State(Kind.DISABLED, "KIMI_HOTFIX_DISABLE")
+    failed = tables.fail_pending("wrapt is not installed")
+    assert failed == [second, *rest, "kimi_test_extra"]  # registry order, then the others
+    for name in failed:
+        assert tables.get(name) == State(Kind.FAILED, "wrapt is not installed")
+    assert tables.get(first) == State(Kind.APPLIED, "the bug is there")
+    assert tables.get("kimi_test_done").kind == Kind.DISABLED
+    assert tables.fail_pending("again") == []  # nothing pending is left
+
+
+def test_records_of_a_patch_that_installed_nothing_is_empty(tables):
+    assert tables.records("kimi_test_never") == []
+    tables._records["kimi_test_some"] = ["r1", "r2"]
+    got = tables.records("kimi_test_some")
+    assert got == ["r1", "r2"] and got is not tables._records["kimi_test_some"]  # a copy
+    assert tables.pop_records("kimi_test_some") == ["r1", "r2"]
+    assert tables.records("kimi_test_some") == []
+
+
+def test_begin_claims_only_a_pending_patch_once(tables):
+    tables._states["kimi_a"] = State(Kind.PENDING)
+    tables._states["kimi_b"] = State(Kind.APPLIED, "x")
+    assert tables.begin("kimi_unknown") is None  # no state: not pending
+    assert tables.begin("kimi_b") is None
+    token = tables.begin("kimi_a")
+    assert token is not None and tables.begin("kimi_a") is None  # claimed
+    tables.finish("kimi_a", token, State(Kind.APPLIED, "done"))
+    assert tables.get("kimi_a") == State(Kind.APPLIED, "done") and "kimi_a" not in tables._settling
+
+
+def test_mark_undone_by_kind(tables):
+    tables._states.update(kimi_pending=State(Kind.PENDING), kimi_applied=State(Kind.APPLIED, "x"),
+                          kimi_failed=State(Kind.FAILED, "y"))
+    assert tables.mark_undone("kimi_pending") is None
+    assert tables.get("kimi_pending") == State(Kind.DISABLED, "undone", undone=True)
+    assert tables.mark_undone("kimi_never") is None  # no state yet: pending, so it stays off
+    assert tables.get("kimi_never") == State(Kind.DISABLED, "undone", undone=True)
+    assert tables.mark_undone("kimi_applied") == "installed"
+    assert tables.get("kimi_applied") == State(Kind.APPLIED, "x")  # the caller restores, then says
+    assert tables.mark_undone("kimi_failed") not in (None, "installed")
+    tables._states["kimi_settling"] = State(Kind.PENDING)
+    token = tables.begin("kimi_settling")  # being applied in this thread
+    assert tables.mark_undone("kimi_settling") is None and token.undone is True
+    tables.finish("kimi_settling", token, State(Kind.APPLIED, "done"))  # undo wins
+    assert tables.get("kimi_settling") == State(Kind.DISABLED, "undone", undone=True)
+    assert tables.records("kimi_settling") == []
