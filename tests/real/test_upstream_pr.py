@@ -80,6 +80,7 @@ MEASURED = {
     "0001": {
         "I measured on CPU with the v0.33.0 release under `python -O`: `is_kv_cache_spec_uniform`": [
             "tests/real/test_upstream_pr.py::test_regression_tests_fail_without_their_fixes",
+            "tests/real/test_upstream_pr.py::test_first_pr_reproducer_prints_its_table",
             "tests/real/test_kv_spec_merge.py::test_without_the_shim_O_reproduces_the_bug"],
         "I measured the kept `cache_dtype_str` changing": [
             "tests/real/test_kv_spec_merge.py::"
@@ -231,6 +232,9 @@ def changed_lines(patch: Path) -> dict:
 def test_regression_test_is_small_beside_the_change(patch, release):
     counts = changed_lines(patch)
     assert 0 < counts["tests"] <= max(2 * counts["vllm"], 40), counts
+    # upstream/README.md's table gives these numbers
+    row = f"| {number(patch)} | {counts['vllm']} | {counts['tests']} |"
+    assert row in (UPSTREAM / "README.md").read_text(), row
 
 
 def plan_command(patch: Path) -> list:
@@ -326,14 +330,16 @@ def test_patch_states_the_contract_once(release):
     assert not re.findall(r"^\+\s*# Explicit", text, re.M)
 
 
-def _pytest(tree: Path, args, release) -> dict:
+def _pytest(tree: Path, args, release, output: list = None) -> dict:
     """{(file, node id after the file name): outcome} of vLLM's pytest run in
-    ``tree`` with ``args`` (a Test Plan's)."""
+    ``tree`` with ``args`` (a Test Plan's); its stdout appended to ``output``."""
     proc = subprocess.run([venv_python(release), "-m", "pytest", *args, "-v", "-p", "no:cacheprovider"],
                           cwd=str(tree), env=hermetic_env(shim=False), capture_output=True, text=True,
                           timeout=900)
     found = re.findall(r"^(tests/\S+?)::(\S+) (PASSED|FAILED|SKIPPED|ERROR)", proc.stdout, re.M)
     assert found, proc.stdout[-4000:] + proc.stderr[-2000:]
+    if output is not None:
+        output.append(proc.stdout)
     return {(path, name): outcome for path, name, outcome in found}
 
 
@@ -364,7 +370,8 @@ def test_regression_tests_fail_without_their_fixes(release, tmp_path):
     plans = [plan_command(patch) for patch in PATCHES]
     # one run: the node ids and files of all three; a -k applies to its own file alone
     selected = [arg for plan in plans for arg in plan if arg.startswith("tests/")]
-    ran = _pytest(released, selected, release)
+    output: list = []
+    ran = _pytest(released, [*selected, "-vv"], release, output)
     for patch, plan in zip(PATCHES, plans):
         keyword = plan[plan.index("-k") + 1] if "-k" in plan else None
         mine = {key: o for key, o in ran.items() if key[0] in overlay_module().added_paths(patch)
@@ -373,3 +380,33 @@ def test_regression_tests_fail_without_their_fixes(release, tmp_path):
         assert mine and set(mine.values()) == {"FAILED"}, (patch.name, mine)
         assert claimed(patch, "without") == f"{len(mine)} failed", (patch.name, mine)
     assert set(ran) == set(outcomes), "a test no Test Plan selects"
+    # PR.md: under python -O the other merges return a merged spec and the set
+    # picks a candidate (pytest's full diff lists what 0001's child printed)
+    printed = re.findall(r"^E\s+\+\s+'(\w+) (\w+)", output[0], re.M)
+    assert {"rswa": "RSWASpec", "sink": "SinkFullAttentionSpec",
+            "sliding_mla": "SlidingWindowMLASpec"}.items() <= dict(printed).items(), printed
+    assert dict(printed)["block_table_widths"] in ("2", "4"), printed
+    assert dict(printed)["page_sizes"].isdigit(), printed
+
+
+def test_first_pr_reproducer_prints_its_table(release, tmp_path):
+    """PR.md's reproducer, as written, under python and python -O on vLLM 0.33.0
+    as released and under python -O with the patch: each prints the column of
+    the table below it (the first word of each line: a value or an exception)."""
+    text = PR_TEXT["0001"].read_text()
+    code = re.search(r"```bash\nVLLM_TARGET_DEVICE=cpu python -O -c '\n(.*?)\n'\n```", text,
+                     re.S).group(1)
+    rows = [[cell.strip().strip("`") for cell in line.strip("|").split("|")]
+            for line in text.splitlines() if re.match(r"\| (MLA|full)", line)]
+    assert len(rows) == 3 and all(len(row) == 4 for row in rows), rows
+    released = tmp_path / "released"
+    released.mkdir()
+    runs = {1: ([], released), 2: (["-O"], released), 3: (["-O"], patched_tree(
+        "0001-kv-cache-spec-merge-explicit-checks.patch"))}
+    for column, (flags, tree) in runs.items():
+        proc = subprocess.run([venv_python(release), *flags, "-c", code], cwd=str(tree),
+                              env=hermetic_env(shim=False, PYTHONPATH=str(tree)),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        printed = [line.split()[0] for line in proc.stdout.strip().splitlines()[-3:]]
+        assert printed == [row[column] for row in rows], (column, proc.stdout[-2000:])
