@@ -54,8 +54,9 @@ class Record:
     wrapper: Any
 
     @property
-    def qualname(self) -> str:
-        return f"{getattr(self.owner, '__qualname__', self.owner)}.{self.attr}"
+    def qualname(self) -> str:  # a class's qualified name, a module's name
+        owner = getattr(self.owner, "__qualname__", None) or getattr(self.owner, "__name__", self.owner)
+        return f"{owner}.{self.attr}"
 
 
 def owner_of(obj) -> Optional[str]:
@@ -262,7 +263,7 @@ class PatchContext(Context):
         if (wrapper is None) == (replacement is None):
             raise PatchError("wrap() takes a wrapper or a replacement")
         if attr not in vars(owner):
-            raise PatchError(f"{getattr(owner, '__qualname__', owner)}.{attr} is not defined there")
+            raise PatchError(f"{Record(owner, attr, None, None).qualname} is not defined there")
         qualname = Record(owner, attr, None, None).qualname
         links = chain(owner, attr)
         for _slot, node in links:
