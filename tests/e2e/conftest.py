@@ -22,6 +22,7 @@ import glob
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -183,6 +184,15 @@ def pytest_sessionfinish(session, exitstatus):
             f"e2e: {len(done)} servers started ({len(healthy)} became healthy), "
             f"{server_seconds:.0f} s of server time, tier wall time {time.monotonic() - _t0:.0f} s; "
             f"logs under {runs.POOL.logdir}")
+        # the suite's cost in what drives it (issue 30): vLLM processes and CPU-seconds
+        seen = sum(1 for r in healthy for p in r.get("serving_procs", ())
+                   if "multiprocessing.resource_tracker" not in p["cmdline"]
+                   and p["name"] not in ("unshare", "sh"))
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        reporter.write_line(
+            f"e2e, processes that import vLLM: {seen} in the {len(healthy)} servers that became "
+            f"healthy (API servers, engine cores, workers), and each crashed server's; "
+            f"{used.ru_utime + used.ru_stime:.0f} CPU-s of the tier's processes")
         for r in done:
             state = f"healthy after {r['healthy_after']:.0f} s" if r.get("healthy") else "not healthy"
             reporter.write_line(f"  {r['name']}: {state}, {r.get('seconds', 0):.0f} s in all")

@@ -121,6 +121,7 @@ if SPEC.get("fail_mla_ctor"):  # a later vLLM whose spec constructor the probe c
 
         cls.__init__ = __init__
 
+    _ctor["break"] = _break_ctor
     wrapt.register_post_import_hook(_break_ctor, "vllm.v1.kv_cache_interface")
 
 t0 = time.perf_counter()
@@ -197,7 +198,7 @@ if SPEC.get("late"):  # the bootstrap shadowed by an APM launcher's sitecustomiz
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()
-if _ctor:
+if "original" in _ctor:
     sys.modules["vllm.v1.kv_cache_interface"].MLAAttentionSpec.__init__ = _ctor["original"]
 
 import vllm  # noqa: E402
@@ -250,7 +251,7 @@ def process():
         "armed_by": core.armed_by(), "bootstrap_loaded": sc is not None,
         "kimi_hotfix_file": kimi_hotfix.__file__, "import_seconds": round(IMPORT_SECONDS, 2),
         "kv_cache_interface_file": kvi.__file__,
-        "mla_ctor_broken_at_import": bool(_ctor),
+        "mla_ctor_broken_at_import": "original" in _ctor,
         "thread_import_errors": THREAD_ERRORS,
         "meta_path_removals": META_PATH_REMOVALS,
         "late": LATE,
@@ -440,6 +441,85 @@ def o_parity():
     import child_o_parity
 
     return child_o_parity.run()
+
+
+# -- last: sections that leave the process changed (plugins loaded, patches undone) --
+
+
+@section("plugins", when=SPEC.get("plugins"))
+def plugins():
+    """vLLM's own plugin loader, as every vLLM process runs it at start, after the
+    bootstrap armed the shim (PYTHONPATH: the dist-info beside the package carries
+    the entry point): once, whatever arms twice (test_plugin.py)."""
+    from vllm.plugins import load_general_plugins
+
+    before = {"armed_by": core.armed_by(), "wrapped": mechanics.report()["wrapped"]}
+    load_general_plugins()
+    return mechanics.report(before=before, capability=mechanics.mla_capability(kvi),
+                            vllm_own_merge_capability=mechanics.mla_capability(kvi, original=True))
+
+
+@section("strict_cannot_tell", when="original" in _ctor and not sys.flags.optimize
+         and not core.current_config().strict)
+def strict_cannot_tell():
+    """kv_spec_merge's check on the real vLLM whose spec constructor fails (the
+    "ctor" children), decided again in strict mode: KimiHotfixError (what the
+    "ctor_strict" child's import raised; the import's part is tests/unit's)."""
+    import child_failures
+
+    from kimi_hotfix import state
+    from kimi_hotfix.base import KimiHotfixError, Kind, State
+
+    cls = kvi.MLAAttentionSpec
+    own = vars(cls)["__init__"]
+    core.undo("kv_spec_merge")  # (earlier sections may have decided it again, unbroken)
+    state.put("kv_spec_merge", State(Kind.PENDING))  # decided afresh, as at the import
+    _ctor["break"](kvi)
+    try:
+        child_failures.strict(core, lambda: core.settle("kv_spec_merge", kvi))
+    except KimiHotfixError as exc:
+        return f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+    finally:
+        cls.__init__ = own
+    return f"did not raise: {core.states()['kv_spec_merge']}"
+
+
+@section("coexist", when=SPEC.get("coexist"))
+def coexist():
+    """Another library wraps what the shim wrapped, then undo, reapply, undo
+    (test_processes.py, order "after")."""
+    import other_library
+
+    return other_library.phases(core, first=False)
+
+
+@section("reimport", when=SPEC.get("reimport"))
+def reimport():
+    """importlib.reload of kv_cache_interface and a fresh import of
+    vllm.config.vllm, then undo (test_processes.py)."""
+
+    def show():
+        states = core.states()
+        kv = sys.modules["vllm.v1.kv_cache_interface"]
+        config = sys.modules["vllm.config.vllm"].VllmConfig
+        return {"kv_spec_merge": str(states["kv_spec_merge"]),
+                "merge_wrapped": core.is_wrapped(vars(kv.MLAAttentionSpec)["merge"]),
+                "config_checks": str(states["config_checks"]),
+                "config_wrapped": any(core.is_wrapped(v) for v in vars(config).values())}
+
+    old_class = kvi.MLAAttentionSpec
+    out = {"before": show()}
+    importlib.reload(kvi)
+    out["reloaded"] = show()
+    del sys.modules["vllm.config.vllm"]
+    importlib.import_module("vllm.config.vllm")  # a fresh import of the module
+
+    out["reimported"] = show()
+    out["old_class_wrapped"] = core.is_wrapped(vars(old_class)["merge"])
+    core.undo()
+    out["undone"] = show()
+    out["old_class_wrapped_after_undo"] = core.is_wrapped(vars(old_class)["merge"])
+    return out
 
 OUT["cpu"] = round(sum(os.times()[:4]), 2)  # CPU seconds so far, with waited-for children
 print("KIMI_JSON:" + json.dumps(OUT, default=repr), flush=True)

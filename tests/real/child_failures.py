@@ -188,8 +188,26 @@ def _view_writes(patch):
             "shared_max": shared.max_cudagraph_capture_size}
 
 
+def strict(core, fn):
+    """``fn()`` in strict mode: this process's configuration with strict on, as
+    KIMI_HOTFIX_STRICT=1 gives it (parsed once at arming: tests/unit checks the
+    variable), put back after. It saves a process of its own (issue 30)."""
+    import dataclasses
+
+    from kimi_hotfix import state
+
+    cfg = state.config()
+    state.configure(dataclasses.replace(cfg, strict=True), {})
+    try:
+        return fn()
+    finally:
+        state.configure(cfg, {})
+
+
 def run(core):
     out = {"kda_overlong_rows": kda(core), "kv_spec_merge": kv(core),
            "capture_workspace": capture(core)}
     out["states_after"] = {name: s.as_dict() for name, s in core.states().items()}
+    # the router failing in strict mode (what the "strict" child showed)
+    out["kda_overlong_rows_strict"] = strict(core, lambda: kda(core))
     return out

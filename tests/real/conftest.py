@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
+import resource
+import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness, cases, child
 
 from harness import (  # noqa: E402
+    COUNTS,
     DEFAULT_RELEASES,
     PLAN,
     POOL,
@@ -103,12 +107,33 @@ def pytest_collection_modifyitems(config, items):
         POOL.prefetch(prefetch_order(list(dict.fromkeys(keys))))
 
 
+# Every process this worker starts on a vLLM venv's interpreter (a harness child, a
+# fault-tier driver, an own-process test, a status or check command) is counted at
+# its start: the suite's cost is counted in processes that import vLLM (issue 30).
+VLLM_PYTHON = re.compile(r"/(vllm|ray)-\d+\.\d+\.\d+-py3\.\d+/bin/python[0-9.]*$")
+STARTED = {"on a vLLM venv": 0}
+_popen_init = subprocess.Popen.__init__
+
+
+def _counting_init(self, args, *rest, **kwargs):
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    if any(VLLM_PYTHON.search(str(arg)) for arg in argv[:12]):
+        STARTED["on a vLLM venv"] += 1
+    _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _counting_init
+
+
 def pytest_sessionfinish(session, exitstatus):
     POOL.shutdown(wait=False)
     # the children this process ran (not those it read from another worker's file)
     ran = [r for r in POOL.results() if getattr(r, "ran_here", False)]
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     report = {"lines": list(REPORT_LINES),
-              "children": [len(ran), sum(r.seconds for r in ran), sum(r.cpu or 0 for r in ran)]}
+              "children": [len(ran), sum(r.seconds for r in ran), sum(r.cpu or 0 for r in ran)],
+              "counts": {**STARTED, **COUNTS},
+              "cpu": used.ru_utime + used.ru_stime}
     if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller prints it
         session.config.workeroutput["kimi_report"] = report
     else:
@@ -141,3 +166,12 @@ def write_report(config, reports) -> None:
     if count:
         reporter.write_line(f"vLLM children: {count}, {seconds:.0f} s of child time, "
                             f"{cpu:.0f} s of their CPU")
+    total = {k: sum(r.get("counts", {}).get(k, 0) for r in reports)
+             for k in ("on a vLLM venv", "fault drivers", "fault cases")}
+    own = total["on a vLLM venv"] - count - total["fault drivers"]
+    reporter.write_line(
+        f"real tier, processes that import vLLM: {count} harness children, "
+        f"{total['fault cases']} fault-tier cases (forks of {total['fault drivers']} drivers), "
+        f"{own} own-process tests and commands (started on a vLLM venv's interpreter; Ray's "
+        f"workers not counted); {sum(r.get('cpu', 0) for r in reports):.0f} CPU-s of the "
+        "tier's processes")

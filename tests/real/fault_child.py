@@ -151,6 +151,7 @@ def child(config, case, tree, base):
     out = dict(case, import_error=None, import_traceback="", works=None, states=None)
     if not case["strict"] and config["opt"] == "plain":
         out["status"] = run_status(tree, base)
+    armed_before = "kimi_hotfix.core" in sys.modules
     try:
         if mode == "plugin":
             importlib.import_module("vllm.plugins").load_general_plugins()
@@ -186,6 +187,16 @@ def child(config, case, tree, base):
                         "wrapped": mechanics.wrapped_layers(sys.modules["vllm.v1.kv_cache_interface"])}
     if case["rel"] is None and target == "real" and mode != "plugin":
         out["deps"] = sorted(m for m in list(sys.modules) if not m.startswith(OWN))
+    if case["rel"] is None and target == "real" and mode == "plugin" and core is not None:
+        # the pip-installed plugin, no PYTHONPATH, vLLM imported first: what arms, what is
+        # wrapped, and the merge's behaviour (test_fault_tier: the plugin alone)
+        sys.path.append(config["standins"])
+        import mechanics
+
+        kv = sys.modules["vllm.v1.kv_cache_interface"]
+        out["plugin_report"] = mechanics.report(
+            armed_before=armed_before, tree=tree, capability=mechanics.mla_capability(kv),
+            vllm_own_merge_capability=mechanics.mla_capability(kv, original=True))
     sys.stdout.flush()
     sys.stderr.flush()
     with open(base + ".json", "w") as f:

@@ -48,42 +48,38 @@ CHILD = Path(__file__).resolve().parent / "child.py"
 # needs some process of a kind rides in a child that runs anyway. The shim's
 # merges raise before vLLM's set.pop(), so more hash seeds and PYTHONOPTIMIZE
 # earn their cost on one release (0.29.0), where PYTHONOPTIMIZE's run imports
-# the targets from three threads at once, and seed 2 is the run with garbage in
-# every toggle (KIMI_HOTFIX's garbage fails closed: vLLM's own -O code runs); -OO
+# the targets from three threads at once; -OO
 # differs from -O in bytecode, so every release has it (Python 3.12 too); the
 # unpatched -O seed 1 shows the other set.pop() outcome on each release, on
 # 0.29.0 with every patch disabled by name (KIMI_HOTFIX_DISABLE=*) rather than
-# by the kill switch.
+# by the kill switch. Strict mode rides in the -O child's failures section, the
+# strict "cannot tell" in the ctor child's last section, the plugin loader, a
+# reload and another library's wrappers at the end of 0.29.0's children
+# (child_spec); garbage in every toggle at once and strict without wrapt are the
+# shim's own mechanics (tests/unit/test_faults.py); the overlay's -O seed-0 run
+# is the shim's (it steps aside: nothing of it runs). Issue 30 took 4 children
+# and 6 own processes out this way.
 SHIM_RUNS = ("on:plain:0", "on:O:0", "pyoptimize:plain:1", "on:OO:3")
 SHIM_RUNS_SHORT = ("on:plain:0", "on:O:0", "on:OO:3")
 UNPATCHED = ("off:plain:0", "off:O:0", "off:O:1")
 UNPATCHED_O = ("off:O:0", "off:O:1", "disable:O:1")  # the -O reproductions
 PLAN = {
     "0.28.0": ("on:plain:0", "on:O:0"),
-    "0.29.0": SHIM_RUNS + ("garbage:O:2", "off:plain:0", "off:O:0", "disable:O:1", "strict:O:0",
+    "0.29.0": SHIM_RUNS + ("off:plain:0", "off:O:0", "disable:O:1",
                            "no_source:plain:0", "no_source:O:0", "late:O:0"),
     "0.30.0": SHIM_RUNS_SHORT + UNPATCHED,
-    "0.33.0": SHIM_RUNS_SHORT + UNPATCHED + ("ctor:plain:0", "ctor:O:0", "ctor_strict:plain:0",
-                                             "upstream:O:0", "upstream_off:O:0",
+    "0.33.0": SHIM_RUNS_SHORT + UNPATCHED + ("ctor:plain:0", "ctor:O:0", "upstream:O:0",
                                              "upstream_off:O:1", "upstream_off:OO:3"),
     "0.29.0-py3.12": SHIM_RUNS_SHORT,
 }
-# garbage in every toggle at once: each is warned about; KIMI_HOTFIX fails closed,
-# the others keep their defaults
-GARBAGE = {"KIMI_HOTFIX": "jä✓", "KIMI_HOTFIX_DISABLE": "kv_spec_mergé",
-           "KIMI_HOTFIX_FORCE": "x" * 100_000, "KIMI_HOTFIX_STRICT": "sometimes",
-           "KIMI_HOTFIX_LOG_LEVEL": "loud", "KIMI_HOTFIX_POD_FILES": "perhaps"}
 # scenario name -> (environment on top of hermetic_env(), child spec)
 SCENARIOS = {
     "on": ({}, {}),
     "off": ({"KIMI_HOTFIX": "0"}, {}),
     "disable": ({"KIMI_HOTFIX_DISABLE": "*"}, {}),
-    "garbage": (GARBAGE, {}),
-    "strict": ({"KIMI_HOTFIX_STRICT": "1"}, {}),
     "pyoptimize": ({"PYTHONOPTIMIZE": "1"}, {"threads": True}),  # -O through the environment
     "no_source": ({}, {"no_source": True}),
     "ctor": ({}, {"fail_mla_ctor": True}),
-    "ctor_strict": ({"KIMI_HOTFIX_STRICT": "1"}, {"fail_mla_ctor": True}),
     # vLLM with upstream/'s patch applied, through an overlay first on PYTHONPATH
     "upstream": ({}, {"overlay": True}),
     "upstream_off": ({"KIMI_HOTFIX": "0"}, {"overlay": True}),
@@ -95,7 +91,7 @@ SCENARIOS = {
 }
 
 
-def child_spec(name, opt, seed) -> dict:
+def child_spec(name, opt, seed, release=None) -> dict:
     """The scenario's spec, plus what some configurations also run: ``python -m
     kimi_hotfix check`` first thing in the shim's seed-0 plain and -O children (what
     docs/samples show, and check's text), the -O parity cases in the unpatched
@@ -105,6 +101,14 @@ def child_spec(name, opt, seed) -> dict:
         spec["cli"] = True
     if name == "off" and seed == 0:
         spec["o_parity"] = True
+    # claims that ride at the end of a child that runs anyway (issue 30): vLLM's plugin
+    # loader after the bootstrap (on and off), a reload and re-import, and another
+    # library wrapping what the shim wrapped (PYTHONOPTIMIZE=1 is -O's level)
+    if (release, opt, seed) == ("0.29.0", "O", 0) and name in ("on", "off"):
+        spec["plugins"] = True
+        spec["reimport"] = name == "on"
+    if (release, name, opt, seed) == ("0.29.0", "pyoptimize", "plain", 1):
+        spec["coexist"] = True
     return spec
 
 
@@ -149,6 +153,7 @@ def venv_python(release: str) -> str:
 # lines for the end of the session (conftest.py prints them, through xdist's
 # controller when the tier runs in workers)
 REPORT_LINES: list = []
+COUNTS: dict = {}  # what a module counted for the report (the fault tier's drivers and cases)
 
 
 class Run:
@@ -160,11 +165,17 @@ class Run:
         self.key, self.rc, self.seconds, self.cpu = key, proc.returncode, seconds, cpu
         self.ran_here = ran_here
         self.stderr, _, self.failures_stderr = proc.stderr.partition("KIMI_SECTION:failures")
+        self.failures_stderr = self.failures_stderr.partition("KIMI_SECTION:")[0]  # its own only
+        self.full_stderr = proc.stderr
         # what the process logged before its first section: start-up, imports, arming
         self.start_stderr = proc.stderr.partition("KIMI_SECTION:")[0]
         found = json_lines(proc.stdout)
         self.out = found[-1] if found else {}
         self.sections = self.out.get("sections", {})
+
+    def section_stderr(self, name) -> str:
+        """What the child logged while its section ``name`` ran."""
+        return self.full_stderr.partition(f"KIMI_SECTION:{name}\n")[2].partition("KIMI_SECTION:")[0]
 
     def __getitem__(self, name):
         if self.rc != 0 or name not in self.sections:
@@ -236,7 +247,7 @@ def upstream_overlay(release) -> dict:
 def _compute(key):
     release, name, opt, seed = key
     extra, _ = SCENARIOS[name]
-    spec = child_spec(name, opt, seed)
+    spec = child_spec(name, opt, seed, release)
     env = hermetic_env(PYTHONHASHSEED=seed, **extra)
     if spec.get("overlay"):
         env["PYTHONPATH"] = os.pathsep.join([str(upstream_overlay(release)["path"]), str(REPO)])

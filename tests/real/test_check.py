@@ -189,10 +189,12 @@ def test_plain_probe_that_raises_applies_and_warns(release):
 
 @pytest.mark.releases("0.33.0")
 def test_strict_mode_raises_when_a_check_cannot_tell(release):
-    run = child(release, "ctor_strict", "plain")
-    assert run.rc == 1 and run.sections == {}
-    assert ("kimi_hotfix.base.KimiHotfixError: kv_spec_merge: cannot tell whether it is "
-            "needed: its check raised TypeError") in run.stderr
+    """The ctor child decides kv_spec_merge again in strict mode, its last section
+    (a process of its own before issue 30); that strict mode's error fails the
+    import itself is the shim's mechanics (tests/unit/test_states.py)."""
+    raised = child(release, "ctor", "plain")["strict_cannot_tell"]
+    assert raised.startswith("kimi_hotfix.base.KimiHotfixError: kv_spec_merge: cannot tell "
+                             "whether it is needed: its check raised TypeError"), raised
 
 
 # -- the main job ------------------------------------------------------------------------

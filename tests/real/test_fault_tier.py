@@ -34,8 +34,8 @@ import fault_child as fc
 import fault_tier as ft
 import pytest
 
-from harness import REPORT_LINES, venv_python
-from helpers import REPO, STANDINS, OncePool, hermetic_env
+from harness import COUNTS, REPORT_LINES, venv_python
+from helpers import PATCHES, REPO, STANDINS, OncePool, hermetic_env, line_states, summaries
 
 pytestmark = pytest.mark.releases("0.29.0")
 DRIVERS = list(ft.DRIVERS)  # in this order: real -O preloads what real plain measured
@@ -104,6 +104,9 @@ def report_cost():
     """After the module: the fault tier's cases and child-seconds, per driver."""
     yield
     done = [f.result() for f in POOL.futures.values() if f.done() and not f.exception()]
+    COUNTS["fault drivers"] = len(done)
+    COUNTS["fault cases"] = sum(len(r["cases"]) + len(r["baselines"]) + ("chain" in r)
+                                + ("fork" in r) for r in done)
     if done:
         parts = ", ".join(f"{r['target']} {r['opt']}: {len(r['cases'])} cases {r['cpu_seconds']} s"
                           for r in done)
@@ -196,3 +199,23 @@ def test_the_fault_matrix_doc_is_generated_from_these_runs(release):
     text = MATRIX.read_text()
     assert ft.render_into(text, results(release)) == text, (
         "docs/fault-matrix.md differs from the fault tier's results: run scripts/docs --faults")
+
+
+@pytest.mark.releases("0.29.0")
+def test_the_installed_plugin_alone_arms_on_the_real_vllm(release):
+    """pip's layout, no PYTHONPATH, vLLM 0.29.0 imported under -O before vLLM's
+    own plugin loader runs (the -O driver's healthy plugin run; it was a process
+    of its own in test_plugin.py): the plugin arms the shim, every target is
+    wrapped once, and the merge keeps the draft capability that vLLM's own -O
+    merge drops, in the same process."""
+    healthy = driver("real", "O", release)["baselines"]["plugin"]
+    out = healthy["plugin_report"]
+    assert out["armed_before"] is False and out["bootstrap_loaded"] is False
+    assert out["armed_by"] == ["vllm-plugin"]
+    assert out["kimi_hotfix_file"] == os.path.join(out["tree"], "kimi_hotfix", "__init__.py")
+    assert set(out["kinds"].values()) == {"applied"}, out["states"]
+    assert {v["patch"] for v in out["wrapped"].values()} == set(PATCHES), out["wrapped"]
+    assert all(v["layers"] == 1 for v in out["wrapped"].values()), out["wrapped"]
+    assert out["capability"] is True and out["vllm_own_merge_capability"] is False
+    (lines,) = summaries(healthy["stderr"]).values()  # armed after the imports: one line
+    assert line_states(lines[-1]) == dict.fromkeys(PATCHES, "applied"), lines

@@ -4,8 +4,9 @@ The project is pip-installed (non-editable, from a copy of the source tree, so
 nothing is written into the checkout) into a throwaway venv that sees the real
 vLLM 0.29.0 venv's packages through a .pth line. There is no PYTHONPATH: vLLM's
 own plugin loader, ``vllm.plugins.load_general_plugins()``, reads the
-``vllm.general_plugins`` entry point and arms the shim. With the PYTHONPATH
-bootstrap active as well, each target is still wrapped once. ``python -m
+``vllm.general_plugins`` entry point and arms the shim (that run is the fault
+tier's: tests/real/test_fault_tier.py). With the PYTHONPATH bootstrap active as
+well, each target is still wrapped once (the harness's -O child). ``python -m
 kimi_hotfix status`` and the ``kimi-hotfix`` script run from the installed copy.
 """
 
@@ -17,24 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import venv_python
-from helpers import PATCHES, REPO, STANDINS, hermetic_env, json_lines, line_states, run_python, summaries
+from harness import child, venv_python
+from helpers import PATCHES, REPO, hermetic_env, run_python, summaries
 from standins.venvs import layered_venv, site_dirs, site_packages
 
 pytestmark = pytest.mark.releases("0.29.0")
 
-PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
-LOAD_PLUGINS = (
-    "import sys\n"
-    "import vllm.v1.kv_cache_interface as kv\n"
-    + PRELUDE
-    + "before = {'core': 'kimi_hotfix.core' in sys.modules,\n"
-    "          'wrapped': hasattr(vars(kv.MLAAttentionSpec)['merge'], '_self_kimi_hotfix_patch')}\n"
-    "import vllm.plugins\n"
-    "vllm.plugins.load_general_plugins()\n"  # what every vLLM process does at start
-    "mechanics.emit(mechanics.report(before=before, capability=mechanics.mla_capability(kv),\n"
-    "    vllm_own_merge_capability=mechanics.mla_capability(kv, original=True)))\n"
-)
 
 
 def python_cwd(python):
@@ -77,49 +66,30 @@ def test_pip_install_lays_out_the_package_and_entry_point(release, installed):
     assert "[vllm.general_plugins]" in eps and "kimi_hotfix = kimi_hotfix.plugin:register" in eps
 
 
-def test_vllm_plugin_loader_arms_without_pythonpath(release, installed):
-    python, site = installed
-    runs = {}
-    for label, extra in (("on", {}), ("off", {"KIMI_HOTFIX": "0"})):
-        proc = run_python(["-c", LOAD_PLUGINS], python=python, flags=["-O"],
-                          env=hermetic_env(shim=False, **extra), cwd=python_cwd(python))
-        runs[label] = (json_lines(proc.stdout)[0], proc.stderr)
-    out, stderr = runs["on"]
-    assert out["before"] == {"core": False, "wrapped": False}  # vLLM alone loads no plugin
-    assert out["bootstrap_loaded"] is False
-    assert out["kimi_hotfix_file"].startswith(str(site))
-    assert out["armed_by"] == ["vllm-plugin"]
-    assert out["states"]["kv_spec_merge"] == "applied"
-    assert out["wrapped"]["MLAAttentionSpec.merge"] == {"patch": "kv_spec_merge", "layers": 1}
-    assert all(v["layers"] == 1 for v in out["wrapped"].values())
-    assert out["capability"] is True and out["vllm_own_merge_capability"] is False
-    (lines,) = summaries(stderr).values()  # armed by the plugin after the import: one line
-    first, last = line_states(lines[0]), line_states(lines[-1])
-    assert (first["kv_spec_merge"], first["capture_workspace"], first["kda_overlong_rows"]) == (
-        "applied", "pending", "pending"), lines
-    assert (last["capture_workspace"], last["kda_overlong_rows"]) == ("not loaded",) * 2, lines
-    # the same installed plugin with KIMI_HOTFIX=0: vLLM's -O bug reproduces
-    off, _ = runs["off"]
-    assert off["armed_by"] == ["vllm-plugin"] and off["wrapped"] == {}
-    assert off["capability"] is False
-
-
-def test_plugin_and_pythonpath_bootstrap_wrap_once(release, installed):
-    python, _ = installed
-    proc = run_python(["-c", LOAD_PLUGINS], python=python, flags=["-O"], env=hermetic_env(),
-                      cwd=python_cwd(python))
-    out = json_lines(proc.stdout)[0]
-    assert out["before"] == {"core": True, "wrapped": True}  # the bootstrap armed first
-    assert out["armed_by"] == ["sitecustomize", "vllm-plugin"]
-    assert out["wrapped"]["MLAAttentionSpec.merge"] == {"patch": "kv_spec_merge", "layers": 1}
+def test_vllm_plugin_loader_after_the_bootstrap_wraps_once_and_off_wraps_nothing(release):
+    """vLLM's plugin loader in a process the bootstrap armed (PYTHONPATH: the
+    dist-info beside the package carries the entry point): it adds "vllm-plugin",
+    wraps nothing twice and logs no line; with KIMI_HOTFIX=0 it arms and wraps
+    nothing, and vLLM's -O bug is there. Both ride at the end of the 0.29.0 -O
+    children (harness.child_spec); the plugin alone, pip's layout without
+    PYTHONPATH, is the fault tier's -O plugin run
+    (test_fault_tier.py::test_the_installed_plugin_alone_arms_on_the_real_vllm)."""
+    on = child(release, "on", "O")
+    out = on["plugins"]
+    before = out["before"]["armed_by"]  # the bootstrap first (then check's own arming calls)
+    assert before[0] == "sitecustomize" and "vllm-plugin" not in before, before
+    assert out["armed_by"] == [*before, "vllm-plugin"]
+    assert out["wrapped"] == out["before"]["wrapped"]  # the same wrappers, not one more
+    assert {v["patch"] for v in out["wrapped"].values()} == set(PATCHES)
     assert all(v["layers"] == 1 for v in out["wrapped"].values())
     assert {k: v["patch"] for k, v in out["wrapped"].items()} == out["recorded"]
-    assert out["capability"] is True
-    (lines,) = summaries(proc.stderr).values()  # a line per change; the plugin added none
-    assert line_states(lines[0]) == dict.fromkeys(PATCHES, "pending")  # the bootstrap armed
-    states = [line_states(line) for line in lines]
-    assert sum(s["kv_spec_merge"] == "applied" for s in states) == len(states) - 1
-    assert (states[-1]["capture_workspace"], states[-1]["kda_overlong_rows"]) == ("not loaded",) * 2
+    assert out["capability"] is True and out["vllm_own_merge_capability"] is False
+    logged = on.section_stderr("plugins")
+    assert summaries(logged) == {}, logged  # the plugin's arming changed nothing: no line
+    off = child(release, "off", "O")["plugins"]
+    assert off["armed_by"][-1] == "vllm-plugin" and off["wrapped"] == {} and off["recorded"] == {}
+    assert set(off["kinds"].values()) == {"disabled"}
+    assert off["capability"] is False  # the kill switch through the plugin: vLLM's -O bug
 
 
 def test_installed_status_command(release, installed):

@@ -7,36 +7,35 @@
   while vLLM's own merge, called in the same child, drops it);
 - three threads importing three target modules at once: one wrap each;
 - wrapt missing (a venv that hides it): one warning, the shim inactive, vLLM
-  works; strict mode fails the import;
+  works (strict mode failing the import is the shim's own mechanics:
+  tests/unit/test_faults.py);
 - KIMI_HOTFIX_DISABLE=*: nothing wrapped, the -O bug is back;
-- garbage in every variable at once: one warning per variable; the unknown
-  KIMI_HOTFIX fails closed (off, vLLM's own -O code runs) and the log level
-  keeps INFO (the summary line is logged); the other variables' defaults are
-  not visible with the shim off: tests/unit/test_faults.py checks each
-  variable's garbage alone (test_garbage_in_each_variable);
-- an exception inside kv_spec_merge's own code: logged once, saying what runs.
+- an exception inside kv_spec_merge's own code: logged once, saying what runs;
+- a reload and a re-import settle again; another library's wrappers keep running.
 Where a case is one process of vLLM with some environment, it is a
 configuration of harness.PLAN (tests/real/child.py): the threads are
 PYTHONOPTIMIZE's run, KIMI_HOTFIX_DISABLE=* is the unpatched -O seed-1 run on
-0.29.0, the garbage is the -O seed-2 run; their start-up log is read apart from
-what the child's sections log after it.
-Cases without vLLM (stand-ins: missing targets, the chained sitecustomize,
-garbage per variable) are in tests/unit.
+0.29.0; their start-up log is read apart from what the child's sections log
+after it. A claim that needs no process of its own rides at the end of one
+(harness.child_spec): the reload in the -O child, the other library wrapping
+after the shim in PYTHONOPTIMIZE's. Cases without vLLM (stand-ins: missing
+targets, the chained sitecustomize, garbage in the toggles, one at a time and
+all at once) are in tests/unit.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
-from harness import GARBAGE, child, venv_python
+from harness import child, venv_python
 from helpers import (
     PATCHES,
     REPO,
     STANDINS,
-    TOGGLES,
     hermetic_env,
     json_lines,
     line_states,
@@ -45,6 +44,8 @@ from helpers import (
     warning_lines,
 )
 from standins.venvs import layered_venv, site_dirs, visible
+
+HERE = Path(__file__).resolve().parent
 
 PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
 CAPABILITY = "non_causal_multi_token_decode"
@@ -191,14 +192,6 @@ def test_wrapt_missing_one_warning_shim_inactive_vllm_works(release, no_wrapt_py
 
 
 @pytest.mark.releases("0.29.0")
-def test_wrapt_missing_strict_raises(release, no_wrapt_python):
-    proc = run_python(["-c", "import vllm\nprint('not reached')\n"], python=no_wrapt_python,
-                      check=False, env=hermetic_env(KIMI_HOTFIX_STRICT="1"))
-    assert proc.returncode == 1 and "not reached" not in proc.stdout
-    assert "kimi_hotfix.base.KimiHotfixError: wrapt is not installed" in proc.stderr
-
-
-@pytest.mark.releases("0.29.0")
 def test_disable_star_leaves_vllm_unwrapped(release):
     run = child(release, "disable", "O", 1)
     assert run["wrapped"]["layers"] == {} and run["wrapped"]["recorded"] == {}
@@ -209,23 +202,6 @@ def test_disable_star_leaves_vllm_unwrapped(release):
     assert lines == [lines[0]] and lines[0].endswith(
         " | ".join(f"{p}: disabled (KIMI_HOTFIX_DISABLE)" for p in PATCHES))
     assert warning_lines(run.start_stderr) == []
-
-
-@pytest.mark.releases("0.29.0")
-def test_garbage_everywhere_with_real_vllm(release):
-    run = child(release, "garbage", "O", 2)  # harness.GARBAGE in every toggle
-    # an unknown KIMI_HOTFIX fails closed: off, vLLM's own (-O) merge runs, no crash
-    off = f"disabled (KIMI_HOTFIX={GARBAGE['KIMI_HOTFIX']})"
-    assert run.states == dict.fromkeys(PATCHES, off), run.states
-    assert run["kv"]["merge"].get(CAPABILITY) is not True  # vLLM's own -O merge: the bug
-    assert not any(run["wrapped"]["merge"].values())
-    warnings = warning_lines(run.start_stderr)
-    assert len(warnings) == len(TOGGLES), run.start_stderr[:3000]
-    for var, warning in zip(TOGGLES, warnings):
-        assert f"{var}=" in warning or f"{var}:" in warning
-    (lines,) = summaries(run.start_stderr).values()  # INFO level kept
-    assert line_states(lines[-1]) == dict.fromkeys(PATCHES, "disabled")
-    assert all(f"{p}: {off}" in lines[-1] for p in PATCHES), lines[-1]
 
 
 @pytest.mark.releases("0.29.0")
@@ -282,46 +258,13 @@ def test_patched_callables_pickle_and_copy_wherever_vllms_own_do(release):
                 assert row[how] == "same", (name, how, row)
 
 
-REIMPORT_SCRIPT = """
-import importlib, json, sys
-import vllm.v1.kv_cache_interface as kvi
-import vllm.config.vllm
-from kimi_hotfix import core
-
-def show():
-    states = core.states()
-    kv = sys.modules["vllm.v1.kv_cache_interface"]
-    config = sys.modules["vllm.config.vllm"].VllmConfig
-    return {"kv_spec_merge": str(states["kv_spec_merge"]),
-            "merge_wrapped": core.is_wrapped(vars(kv.MLAAttentionSpec)["merge"]),
-            "config_checks": str(states["config_checks"]),
-            "config_wrapped": any(core.is_wrapped(v) for v in vars(config).values())}
-
-old_class = kvi.MLAAttentionSpec
-out = {"before": show()}
-importlib.reload(kvi)
-out["reloaded"] = show()
-del sys.modules["vllm.config.vllm"]
-import vllm.config.vllm
-out["reimported"] = show()
-out["old_class_wrapped"] = core.is_wrapped(vars(old_class)["merge"])
-core.undo()
-out["undone"] = show()
-out["old_class_wrapped_after_undo"] = core.is_wrapped(vars(old_class)["merge"])
-print("KIMI_JSON:" + json.dumps(out))
-"""
-
-
 @pytest.mark.releases("0.29.0")
-def test_a_reloaded_or_reimported_module_is_settled_again_never_stale(release, tmp_path):
+def test_a_reloaded_or_reimported_module_is_settled_again_never_stale(release):
     """Issue 20 item 5: after ``importlib.reload`` (kv_cache_interface) or a
     fresh import (vllm.config.vllm) the classes are vLLM's own again;
     the patch settles again on them when its state is read (the state says so),
     so ``applied`` is never stale; undo() puts back the old objects too."""
-    script = tmp_path / "reimport.py"
-    script.write_text(REIMPORT_SCRIPT)
-    proc = run_python([str(script)], python=venv_python(release), flags=["-O"])
-    (out,) = json_lines(proc.stdout)
+    out = child(release, "on", "O")["reimport"]  # the child's last section (harness.child_spec)
     for phase in ("before", "reloaded", "reimported"):
         seen = out[phase]
         assert seen["merge_wrapped"] and seen["config_wrapped"], (phase, seen)
@@ -334,84 +277,21 @@ def test_a_reloaded_or_reimported_module_is_settled_again_never_stale(release, t
     assert not out["undone"]["merge_wrapped"] and out["old_class_wrapped_after_undo"] is False
 
 
-OTHER_LIBRARY = '''
-"""Another library's instrumentation, as APM agents install it: a functools.wraps
-wrapper (this file) on a module function, a wrapt FunctionWrapper on a classmethod."""
-import functools
-
-import wrapt
-
-CALLS = {"getter": 0, "merge": 0}
-
-
-def wrap_getter(module):
-    original = module.get_inner_dp_world_group
-
-    @functools.wraps(original)
-    def get_inner_dp_world_group(*args, **kwargs):
-        CALLS["getter"] += 1
-        return original(*args, **kwargs)
-
-    module.get_inner_dp_world_group = get_inner_dp_world_group
-
-
-def wrap_merge(module):
-    def merge(wrapped, instance, args, kwargs):
-        CALLS["merge"] += 1
-        return wrapped(*args, **kwargs)
-
-    wrapt.wrap_function_wrapper(module, "MLAAttentionSpec.merge", merge)
-'''
-COEXIST_SCRIPT = """
+COEXIST_FIRST = """
 import json, sys
-import wrapt
 import other_library
-FIRST = sys.argv[1] == "first"
-if FIRST:  # registered before vLLM arms the shim: these hooks run before the shim's
-    wrapt.register_post_import_hook(other_library.wrap_getter, "vllm.distributed.parallel_state")
-    wrapt.register_post_import_hook(other_library.wrap_merge, "vllm.v1.kv_cache_interface")
+other_library.register_first()  # before vLLM arms the shim: these hooks run before the shim's
 import vllm
-import vllm.distributed.parallel_state as ps
-import vllm.v1.kv_cache_interface as kvi
-if not FIRST:  # the other library wraps what the shim wrapped
-    other_library.wrap_getter(ps)
-    other_library.wrap_merge(kvi)
+import vllm.distributed.parallel_state
+import vllm.v1.kv_cache_interface
 from kimi_hotfix import core
-from kimi_hotfix.patches.kv_spec_merge import capability_merge
-
-def phase():
-    before = dict(other_library.CALLS)
-    try:
-        getter = "returned %r" % (ps.get_inner_dp_world_group(),)
-    except AssertionError:
-        getter = "AssertionError"
-    states = core.states()
-    outer_getter = ps.get_inner_dp_world_group
-    below_getter = outer_getter.__closure__[outer_getter.__code__.co_freevars.index("original")]
-    outer_merge = vars(kvi.MLAAttentionSpec)["merge"]
-    layers = {  # outermost first: who is on the attribute, and what it calls
-        "getter": [outer_getter.__code__.co_filename.rpartition("/")[2],
-                   type(below_getter.cell_contents).__name__],
-        "merge": [type(outer_merge).__name__, type(outer_merge.__wrapped__).__name__]}
-    return {"getter": getter, "merge": capability_merge(kvi), "layers": layers,
-            "calls": {k: other_library.CALLS[k] - before[k] for k in before},
-            "kv_spec_merge": str(states["kv_spec_merge"]),
-            "inner_dp_group": str(states["inner_dp_group"])}
-
-out = {"applied": phase()}
-core.undo()
-out["undone"] = phase()
-core.reapply()
-out["reapplied"] = phase()
-core.undo()
-out["undone_again"] = phase()
-print("KIMI_JSON:" + json.dumps(out))
+print("KIMI_JSON:" + json.dumps(other_library.phases(core, first=True)))
 """
 
 
 @pytest.mark.releases("0.29.0")
 @pytest.mark.parametrize("order", ["first", "after"])
-def test_other_instrumentation_keeps_running_and_the_states_stay_true(release, tmp_path, order):
+def test_other_instrumentation_keeps_running_and_the_states_stay_true(release, order):
     """Issue 20 items 4 and 6: another library wraps the getter (functools.wraps,
     in its own file) and MLAAttentionSpec.merge (wrapt), before the shim settles
     or after. The decisions read vLLM's own functions beneath its wrappers
@@ -423,13 +303,15 @@ def test_other_instrumentation_keeps_running_and_the_states_stay_true(release, t
     vLLM's -O behaviour is back, the other library still runs, and the state
     is a clean "disabled (undone)" because it is true; reapply and undo again
     stay true."""
-    (tmp_path / "other_library.py").write_text(OTHER_LIBRARY)
-    script = tmp_path / "coexist.py"
-    script.write_text(COEXIST_SCRIPT)
-    env = hermetic_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(tmp_path)])
-    proc = run_python([str(script), order], python=venv_python(release), flags=["-O"], env=env)
-    (out,) = json_lines(proc.stdout)
+    if order == "first":  # a process of its own: the hooks go in before vLLM is imported
+        env = hermetic_env()
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE)])  # tests/real/other_library.py
+        proc = run_python(["-c", COEXIST_FIRST], python=venv_python(release), flags=["-O"], env=env)
+        (out,) = json_lines(proc.stdout)
+        stderr = proc.stderr
+    else:  # the PYTHONOPTIMIZE=1 child's last section (harness.child_spec)
+        run = child(release, "pyoptimize", "plain", 1)
+        out, stderr = run["coexist"], run.section_stderr("coexist")
     patched = {"getter": "AssertionError", "merge": "any"}
     unpatched = {"getter": "returned None", "merge": "drops"}
     beneath = {"getter": ["other_library.py", "KimiHotfixWrapper"],
@@ -448,4 +330,4 @@ def test_other_instrumentation_keeps_running_and_the_states_stay_true(release, t
                 assert state.startswith("applied") and "not needed" not in state, (name, seen)
             else:
                 assert state == "disabled (undone)", (name, seen)
-    assert "could not restore" not in proc.stderr, proc.stderr
+    assert "could not restore" not in stderr, stderr

@@ -261,8 +261,8 @@ def test_router_failure_is_contained_and_logged_once(release, flags):
 
 @pytest.mark.releases("0.29.0")
 def test_router_failure_strict_raises(release):
-    run = child(release, "strict", "O")
-    calls = run["failures"]["kda_overlong_rows"]["calls"]
+    run = child(release, "on", "O")  # the failures section runs it again in strict mode
+    calls = run["failures"]["kda_overlong_rows_strict"]["calls"]
     assert [c[0] for c in calls[0::2]] == ["ok"] * 3
     assert [c[:2] for c in calls[1::2]] == [
         ["KimiHotfixError", "kda_overlong_rows wrapper failed: injected failure in the patch code"]
