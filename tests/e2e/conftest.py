@@ -191,8 +191,9 @@ def pytest_sessionfinish(session, exitstatus):
         used = resource.getrusage(resource.RUSAGE_CHILDREN)
         reporter.write_line(
             f"e2e, processes that import vLLM: {seen} in the {len(healthy)} servers that became "
-            f"healthy (API servers, engine cores, workers), and each crashed server's; "
-            f"{used.ru_utime + used.ru_stime:.0f} CPU-s of the tier's processes")
+            f"healthy (API servers, engine cores, workers, as they served), and those of the "
+            f"{len(done) - len(healthy)} that crashed at start-up (not counted); "
+            f"{used.ru_utime + used.ru_stime:.0f} CPU-s of the servers and clients")
         for r in done:
             state = f"healthy after {r['healthy_after']:.0f} s" if r.get("healthy") else "not healthy"
             reporter.write_line(f"  {r['name']}: {state}, {r.get('seconds', 0):.0f} s in all")

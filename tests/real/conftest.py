@@ -129,11 +129,9 @@ def pytest_sessionfinish(session, exitstatus):
     POOL.shutdown(wait=False)
     # the children this process ran (not those it read from another worker's file)
     ran = [r for r in POOL.results() if getattr(r, "ran_here", False)]
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     report = {"lines": list(REPORT_LINES),
               "children": [len(ran), sum(r.seconds for r in ran), sum(r.cpu or 0 for r in ran)],
-              "counts": {**STARTED, **COUNTS},
-              "cpu": used.ru_utime + used.ru_stime}
+              "counts": {**STARTED, **COUNTS}}
     if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller prints it
         session.config.workeroutput["kimi_report"] = report
     else:
@@ -168,10 +166,14 @@ def write_report(config, reports) -> None:
                             f"{cpu:.0f} s of their CPU")
     total = {k: sum(r.get("counts", {}).get(k, 0) for r in reports)
              for k in ("on a vLLM venv", "fault drivers", "fault cases")}
+    if not (count or any(total.values())):
+        return  # xdist's controller at its own session's end: the workers' report follows
     own = total["on a vLLM venv"] - count - total["fault drivers"]
+    # this process and what it waited for: under xdist the controller, after its workers
+    cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF,
+              resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
     reporter.write_line(
         f"real tier, processes that import vLLM: {count} harness children, "
         f"{total['fault cases']} fault-tier cases (forks of {total['fault drivers']} drivers), "
-        f"{own} own-process tests and commands (started on a vLLM venv's interpreter; Ray's "
-        f"workers not counted); {sum(r.get('cpu', 0) for r in reports):.0f} CPU-s of the "
-        "tier's processes")
+        f"{own} other processes started on a vLLM venv's interpreter (own-process tests, "
+        f"status and check commands, pip; Ray's workers not counted); {cpu:.0f} CPU-s")
