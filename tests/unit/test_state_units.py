@@ -5,6 +5,8 @@ interpreters: test_states.py and test_lifecycle.py."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from kimi_hotfix import registry, state
@@ -72,3 +74,39 @@ def test_mark_undone_by_kind(tables):
     tables.finish("kimi_settling", token, State(Kind.APPLIED, "done"))  # undo wins
     assert tables.get("kimi_settling") == State(Kind.DISABLED, "undone", undone=True)
     assert tables.records("kimi_settling") == []
+
+
+def test_the_summary_and_its_json_fields_name_every_patch_pending_until_settled(tables, monkeypatch):
+    from kimi_hotfix import versions
+
+    monkeypatch.setattr(versions, "vllm_version", lambda: None)
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    first, *rest = registry.names()
+    tables._states[first] = State(Kind.APPLIED, "the bug is there")
+    line = tables.summary_line()
+    assert "(vllm not installed, " in line
+    assert f"{first}: applied" in line and all(f"{name}: pending" in line for name in rest)
+    fields = tables._fields()
+    assert fields["vllm"] is None
+    assert fields["states"] == {first: "applied (the bug is there)", **{name: "pending" for name in rest}}
+    monkeypatch.setitem(sys.modules, "vllm", object())  # imported, no version found
+    assert "(vllm version unknown, " in tables.summary_line()
+
+
+class Thing:
+    def first(self):
+        return "own"
+
+
+def test_an_undo_during_apply_names_what_it_could_not_restore(tables, caplog):
+    from kimi_hotfix import wrapping
+
+    own = vars(Thing)["first"]
+    tables._states["kimi_halfway"] = State(Kind.PENDING)
+    token = tables.begin("kimi_halfway")
+    token.records.append(wrapping.Record(Thing, "first", own, object()))  # its wrapper: gone since
+    tables.mark_undone("kimi_halfway")
+    tables.finish("kimi_halfway", token, State(Kind.APPLIED, "done"))
+    assert tables.get("kimi_halfway") == State(
+        Kind.DISABLED, "undone; could not restore Thing.first (replaced since)", undone=True)
+    assert vars(Thing)["first"] is own
