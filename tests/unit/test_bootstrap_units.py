@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import os
 import sys
 
 import pytest
@@ -77,3 +78,31 @@ def test_retire_takes_the_trigger_off_by_a_new_list(boot, monkeypatch):
     same = sys.meta_path
     boot.retire()
     assert sys.meta_path is same  # nothing to take off: no new list
+
+
+def write_site(directory, body):
+    directory.mkdir()
+    (directory / "sitecustomize.py").write_text(body)
+    return str(directory / "sitecustomize.py")
+
+
+def test_chain_runs_the_next_sitecustomize_after_this_directory_only(boot, monkeypatch, tmp_path):
+    write_site(tmp_path / "before", "import os\nos.environ['KIMI_TEST_RAN'] += 'before,'\n")
+    after = write_site(tmp_path / "after", "import os\nos.environ['KIMI_TEST_RAN'] += 'after,'\n")
+    write_site(tmp_path / "later", "import os\nos.environ['KIMI_TEST_RAN'] += 'later,'\n")
+    monkeypatch.setenv("KIMI_TEST_RAN", "")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "before"), str(REPO), str(tmp_path / "after"),
+                                      str(tmp_path / "later")])
+    boot.chain()
+    # an entry before this one (a launcher's, which chained to this bootstrap) is not run again
+    assert os.environ["KIMI_TEST_RAN"] == "after," and boot.CHAINED == [after]
+    assert sys.modules["sitecustomize"].__file__ == after  # `import sitecustomize` names theirs
+
+
+def test_a_sitecustomize_that_raises_leaves_the_name_to_this_bootstrap(boot, monkeypatch, tmp_path):
+    write_site(tmp_path / "broken", "raise RuntimeError('container sitecustomize failed')\n")
+    monkeypatch.setattr(sys, "path", [str(REPO), str(tmp_path / "broken")])
+    with pytest.raises(RuntimeError, match="container sitecustomize failed"):
+        boot.chain()  # site.py reports it as it would without the shim
+    assert sys.modules["sitecustomize"] is sys.modules["kimi_hotfix_sitecustomize"]
+    assert boot.CHAINED == []
