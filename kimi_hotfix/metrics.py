@@ -192,15 +192,17 @@ def _pod_files_on() -> bool:
 # -- files: only this user's own, never through a link ----------------------------------
 
 
-def _open_dir(path):
-    """A descriptor of ``path``: a real directory (not a link), this user's own,
-    writable by no one else; None otherwise."""
+def _open_dir(path, dir_fd=None, refused=0o022):
+    """A descriptor of ``path`` (in ``dir_fd``, if given): a real directory (not a
+    link), this user's own, with none of the mode bits ``refused`` (by default:
+    writable by no one else); None otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
     except (OSError, ValueError, TypeError):
         return None
     info = os.fstat(fd)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+    if info.st_uid != os.geteuid() or info.st_mode & refused:
         os.close(fd)
         return None
     return fd
@@ -447,15 +449,11 @@ def _sweep_pods(tmp) -> None:
         for entry in os.listdir(tfd):
             if not entry.startswith(mine) or os.path.join(tmp, entry) == _pod:
                 continue
-            try:
-                dfd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=tfd)
-            except OSError:
+            dfd = _open_dir(entry, dir_fd=tfd, refused=0o077)  # this user's, private (0700)
+            if dfd is None:
                 continue
             try:
-                info = os.fstat(dfd)
-                dead = (info.st_uid == os.geteuid() and not info.st_mode & 0o077
-                        and _held(OWNER, dfd) is False)
+                dead = _held(OWNER, dfd) is False
             finally:
                 os.close(dfd)
             if dead:  # rmtree refuses a link and walks by descriptors on Linux: no link followed

@@ -262,9 +262,9 @@ class PatchContext(Context):
     def wrap(self, owner, attr, wrapper=None, *, replacement=None):
         if (wrapper is None) == (replacement is None):
             raise PatchError("wrap() takes a wrapper or a replacement")
-        if attr not in vars(owner):
-            raise PatchError(f"{Record(owner, attr, None, None).qualname} is not defined there")
         qualname = Record(owner, attr, None, None).qualname
+        if attr not in vars(owner):
+            raise PatchError(f"{qualname} is not defined there")
         links = chain(owner, attr)
         for _slot, node in links:
             current = own_marker(node)
