@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     from kimi_hotfix.base import State
 
-__version__ = "0.1.0"
+from kimi_hotfix.versions import SHIM as __version__
+
 __all__ = ["arm", "undo", "reapply", "states", "__version__"]
 
 

@@ -1,8 +1,8 @@
-"""The shim's vocabulary: what a patch is, what it decides, what state it is in.
+"""The shim's vocabulary: what state a patch is in, the errors, the marker.
 
-Cheap to import (stdlib only; no vLLM, torch or wrapt): ``status`` uses it
-without importing vLLM. A patch module under ``kimi_hotfix/patches/`` defines one
-``Patch`` subclass and an instance named ``PATCH``; ``kimi_hotfix.core`` runs it.
+Cheap to import (stdlib only; no vLLM, torch or wrapt): every process that
+arms loads it, and ``status`` without importing vLLM. What a patch is and what
+it decides: kimi_hotfix.patching.
 
 States (``Kind``), as reported by the summary line, ``status`` and ``check``:
 
@@ -17,15 +17,18 @@ States (``Kind``), as reported by the summary line, ``status`` and ``check``:
 
 from __future__ import annotations
 
-import abc
 import enum
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, replace
 
-from kimi_hotfix import versions
+MARKER = "_self_kimi_hotfix_patch"  # on everything the shim installs: the owning patch's name
 
 
-class _StrEnum(str, enum.Enum):
+def is_wrapped(obj) -> bool:
+    """Did a patch of the shim (any copy) install ``obj``?"""
+    return isinstance(getattr(obj, MARKER, None), str)
+
+
+class StrEnum(str, enum.Enum):
     """A str whose text is its value, on Python 3.9 to 3.13 alike (json, f-strings)."""
 
     def __str__(self) -> str:
@@ -34,7 +37,7 @@ class _StrEnum(str, enum.Enum):
     __format__ = str.__format__
 
 
-class Kind(_StrEnum):
+class Kind(StrEnum):
     PENDING = "pending"
     APPLIED = "applied"
     NOT_NEEDED = "not_needed"
@@ -42,15 +45,6 @@ class Kind(_StrEnum):
     DISABLED = "disabled"
     FAILED = "failed"
     NOT_LOADED = "not_loaded"
-
-
-class Verdict(_StrEnum):
-    """What a patch's check found about the loaded vLLM."""
-
-    NEEDED = "needed"
-    NOT_NEEDED = "not_needed"  # fixed upstream
-    NOT_AFFECTED = "not_affected"  # the code path does not exist
-    UNKNOWN = "unknown"  # cannot tell: the shim applies, and warns
 
 
 class KimiHotfixError(RuntimeError):
@@ -124,141 +118,3 @@ class State:
     def as_dict(self) -> dict:
         return {"kind": self.kind.value, "text": str(self), "failures": self.failures,
                 "first_failure": self.first_failure or None}
-
-
-@dataclass(frozen=True)
-class Decision:
-    verdict: Verdict
-    reason: str
-
-    def __post_init__(self):
-        object.__setattr__(self, "verdict", Verdict(self.verdict))
-
-    @property
-    def applies(self) -> bool:
-        """The shim applies the patch: needed, or it cannot tell (the safe side)."""
-        return self.verdict in (Verdict.NEEDED, Verdict.UNKNOWN)
-
-
-def needed(reason: str) -> Decision:
-    return Decision(Verdict.NEEDED, reason)
-
-
-def fixed(reason: str) -> Decision:
-    return Decision(Verdict.NOT_NEEDED, reason)
-
-
-def absent(reason: str) -> Decision:
-    return Decision(Verdict.NOT_AFFECTED, reason)
-
-
-def cannot_tell(reason: str) -> Decision:
-    return Decision(Verdict.UNKNOWN, reason)
-
-
-@dataclass
-class ProbeResult:
-    """One run of a patch's preflight probe on the real vLLM, as installed now.
-
-    ok: True when vLLM behaves right (the bug does not show), False when it does,
-    None when the probe could not run (``error`` says why). ``affected`` False:
-    the feature does not exist in this vLLM (then ``ok`` is True). ``cases``:
-    one line per case, shown side by side without and with the patch."""
-
-    ok: Optional[bool]
-    detail: str = ""
-    cases: dict = field(default_factory=dict)
-    affected: bool = True
-    error: Optional[str] = None
-
-    def as_dict(self) -> dict:
-        return {"ok": self.ok, "detail": self.detail, "cases": dict(self.cases),
-                "affected": self.affected, "error": self.error}
-
-
-class Context(abc.ABC):
-    """What ``Patch.apply`` gets, bound to that patch (kimi_hotfix.wrapping)."""
-
-    name: str
-
-    @abc.abstractmethod
-    def wrap(self, owner: Any, attr: str, wrapper: Optional[Callable] = None, *,
-             replacement: Optional[Callable] = None) -> Any:
-        """Put ``wrapper(wrapped, instance, args, kwargs)`` (a wrapt
-        FunctionWrapper) around ``owner.attr``, or install ``replacement``."""
-
-    @abc.abstractmethod
-    def failed(self, exc: BaseException, instead: str) -> None:
-        """For the patch's own code failing at call time: counts it, logs the
-        first, says what runs ``instead``; strict mode raises."""
-
-
-class Patch(abc.ABC):
-    """One hotfix. Subclass it once per module under kimi_hotfix.patches."""
-
-    name: str = ""
-    target: str = ""  # the module whose import triggers the patch
-    wraps: tuple = ()  # qualified names inside ``target`` it may replace ("Class.method")
-    wraps_note: str = ""  # prose about ``wraps`` (e.g. "and every other merge with an assert")
-    upstream: str = ""  # the upstream PR / issue
-    fixed_in: str = ""  # the first vLLM release that carries the fix ("" = none yet)
-    affects_from: str = ""  # the first vLLM release with the code path ("" = all)
-    # error strings and symptoms an operator sees; a tuple of tuples: one table row each
-    symptoms: tuple = ()
-    summary: str = ""  # what the patch changes, one line
-    decides: str = ""  # how it decides it is needed, one line
-    probe_title: str = ""  # what the preflight probe does, one line
-    # patches about -O: every release up to this one was measured to guard with assert
-    asserts_measured_up_to: str = ""
-
-    @property
-    def fixed_in_text(self) -> str:
-        return self.fixed_in or "not yet"
-
-    @property
-    def symptom_rows(self) -> tuple:
-        """The symptoms as rows (the README's table has one row per group)."""
-        if self.symptoms and isinstance(self.symptoms[0], tuple):
-            return self.symptoms
-        return (tuple(self.symptoms),)
-
-    @abc.abstractmethod
-    def check(self, module: Any, optimize: int) -> Decision:
-        """Decide from the loaded ``module`` (code structure or behaviour, never
-        the version string or text a comment could hold) whether a process
-        running at ``optimize`` needs it. PatchError: the target is missing."""
-
-    @abc.abstractmethod
-    def apply(self, module: Any, ctx: Context) -> Optional[str]:
-        """Patch with ``ctx.wrap``; may return a note for the state. All or
-        nothing: what it wrapped before raising is put back."""
-
-    @abc.abstractmethod
-    def probe(self) -> ProbeResult:
-        """Run the preflight probe on the installed vLLM (imports it)."""
-
-    def expect(self, version: Optional[str], optimize: int) -> tuple:
-        """(needed or None, text): a guess from the version string alone, for
-        ``status``, which does not import vLLM. The shim decides from the code."""
-        if version is None:
-            return None, "vLLM not installed: nothing to patch"
-        dev = " (a dev build: the code decides)" if versions.is_prerelease(version) else ""
-        if self.affects_from and not versions.at_least(version, self.affects_from):
-            return False, f"not affected: vLLM {version} < {self.affects_from}{dev}"
-        if self.fixed_in and versions.at_least(version, self.fixed_in):
-            return False, f"not needed: vLLM {version} >= {self.fixed_in}{dev}"
-        return True, f"needed: vLLM {version} < {self.fixed_in or 'any fixed release'}{dev}"
-
-    def expect_optimized(self, version: str, guarded: str) -> tuple:
-        """``expect`` under -O for a patch about ``guarded``'s bare asserts."""
-        measured = self.asserts_measured_up_to
-        if versions.is_prerelease(version) or versions.at_least(version, versions.next_micro(measured)):
-            return None, (f"under -O: unknown for vLLM {version} (measured up to {measured}); "
-                          f"the source check decides (needed while {guarded} guards with assert)")
-        return True, (f"needed under -O: {guarded} guards with bare asserts in every release "
-                      f"up to {measured}")
-
-    def expect_plain_unaffected(self, version: str, why: str) -> tuple:
-        """``expect`` without -O for a patch that only -O needs."""
-        dev = " (a dev build: the code decides)" if versions.is_prerelease(version) else ""
-        return False, f"not affected without -O ({why}){dev}"

@@ -1,18 +1,30 @@
-"""Arming and settling: when and how each patch is decided and applied.
+"""The lifecycle: when each patch is decided and applied, and every policy around it.
 
 Loaded only when vLLM is imported (or by ``check`` and the plugin). ``arm()``
 parses the environment, imports wrapt and registers one post-import hook per
 patch on the vLLM module it targets (wrapt runs the hook at once where that
-module is already loaded). The hook *settles* the patch: its ``check`` decides
-from what the loaded vLLM does or contains, then its ``apply`` wraps vLLM's
-methods through a context bound to it (kimi_hotfix.wrapping), all or nothing.
-The states live in kimi_hotfix.state; this module names no patch.
+module is already loaded). The hook *settles* the patch: its module loads
+(kimi_hotfix.registry), its ``check`` decides from what the loaded vLLM does or
+contains, then its ``apply`` wraps vLLM's methods through a context bound to it
+(kimi_hotfix.wrapping), all or nothing. A target imported again (a reload, or a
+fresh import) is settled again there and then (kimi_hotfix.importwatch).
+
+This module owns every policy; kimi_hotfix.state only stores what it decides:
+finishing a settle, undo and its rollback (an undo that lands mid-settle),
+wrapper failures, strictness, the summary line and who is told of a change
+(``listeners`` get a snapshot: kimi_hotfix.metrics), exit and fork. It names
+no patch.
 
 Containment: an arming, hook, check or apply failure ends in ``failed`` (with
 its reason, logged once) and vLLM's original behaviour stays; the host's import
 never fails because of us, unless KIMI_HOTFIX_STRICT=1 asks for a hard failure
 (KimiHotfixError) on every one of these paths. A check that cannot tell applies
 the patch (the safe side) and warns. No lock is held while a patch's code runs.
+
+The summary line (``kimi-hotfix <version> (vllm <version>, python -O): name:
+state | ...``) is logged when arming ends, again whenever it changes (a patch
+settles, a wrapper first fails, undo), in every forked child, and at exit when
+a pending patch turns ``not loaded``.
 """
 
 from __future__ import annotations
@@ -25,19 +37,23 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
 from dataclasses import replace
 from typing import Optional
 
-from kimi_hotfix import __version__, _wrapt, importwatch, messages, registry, state, wrapping
+from kimi_hotfix import _wrapt, messages, registry, state, versions
 from kimi_hotfix import config as _config_mod
-from kimi_hotfix.base import Decision, KimiHotfixError, Kind, PatchError, State, Verdict, describe
-from kimi_hotfix.base import cannot_tell as _cannot_tell
-from kimi_hotfix.wrapping import MARKER, is_wrapped  # noqa: F401 (the public surface)
+from kimi_hotfix.base import MARKER, KimiHotfixError, Kind, PatchError, State, describe, is_wrapped  # noqa: F401 (the public surface)
 
-patches = registry.patches
+__version__ = versions.SHIM
 patch_names = registry.names
 armed_by = state.armed_by
 current_config = state.config
+listeners: list = []  # called with a snapshot (no lock held) wherever the line may have changed
+
+
+def patches() -> dict:
+    return registry.patches()
 
 
 def load_wrapt():
@@ -50,17 +66,15 @@ def _strict() -> bool:
 
 
 def initial_state(name: str, cfg) -> State:
-    """The state arming gives ``name`` before its module loads (status shows it
-    too): ``failed`` where the patch's own module cannot be loaded."""
+    """The state arming gives ``name``: ``failed`` where its module was loaded
+    already and cannot be (the others load when vLLM imports their target)."""
     if not cfg.enabled:  # the value as set, cut and escaped: it ends up in the summary line
         value = _config_mod.printable(os.environ.get("KIMI_HOTFIX") or "")
         return State(Kind.DISABLED, f"KIMI_HOTFIX={value}")
     if name in cfg.disabled:
         return State(Kind.DISABLED, "KIMI_HOTFIX_DISABLE")
-    broken = registry.unloadable().get(name)
-    if broken is not None:
-        return State(Kind.FAILED, broken.why)
-    return State(Kind.PENDING)
+    broken = registry.broken(name)
+    return State(Kind.FAILED, broken) if broken else State(Kind.PENDING)
 
 
 # -- arming -----------------------------------------------------------------------
@@ -74,7 +88,7 @@ def arm(source: str = "api") -> dict:
     started, settled = time.perf_counter(), state.cost().get("settle", 0.0)
     if _IMPORT_STARTED is not None:  # the first arm() counts this module's import too
         started, _IMPORT_STARTED = _IMPORT_STARTED, None
-    with state.batch():
+    with batch():
         try:
             _arm(source)
             _install_metrics()
@@ -83,9 +97,9 @@ def arm(source: str = "api") -> dict:
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
             if state.config() is None:  # failed before configuring: states must still say so
-                state.configure(_config_mod.Config(), {})
+                state.configure(_config_mod.Config(), dict.fromkeys(registry.names(), State(Kind.PENDING)))
             messages.setup(state.config().log_level, state.config().log_format)  # the usual prefix
-            state.fail_pending(f"arming failed: {why}")
+            _fail_pending(f"arming failed: {why}")
             messages.emit(messages.ARMING_FAILED, why, exc_info=True)
             if _strict():
                 raise KimiHotfixError(f"arming failed: {why}") from exc
@@ -105,30 +119,32 @@ def _arm(source: str) -> None:
     messages.setup(cfg.log_level, cfg.log_format)
     for message, args in cfg.warnings:
         messages.emit(message, *args)
-    broken = [name for name, s in states().items()
-              if s.kind == Kind.FAILED and name in registry.unloadable()]
-    for name in broken:
-        messages.emit(messages.LOAD_FAILED, name, registry.get(name).why)
-    atexit.register(state.at_exit)
+    broken = {name: registry.broken(name) for name in registry.names()
+              if registry.broken(name) and state.get(name).kind == Kind.FAILED}
+    for name, why in broken.items():
+        messages.emit(messages.LOAD_FAILED, name, why)
+    atexit.register(at_exit)
     if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=state.after_fork_in_child)
-    pending = [n for n, s in states().items() if s.kind == Kind.PENDING]
+        os.register_at_fork(after_in_child=after_fork_in_child)
+    pending = [n for n, s in state.states().items() if s.kind == Kind.PENDING]
     if broken and cfg.strict:
-        raise KimiHotfixError("; ".join(f"{n}: {registry.get(n).why}" for n in broken))
+        raise KimiHotfixError("; ".join(f"{n}: {why}" for n, why in broken.items()))
     if not pending:
         return
     try:
         wrapt = load_wrapt()
     except ImportError as exc:
-        state.fail_pending("wrapt is not installed")
+        _fail_pending("wrapt is not installed")
         messages.emit(messages.WRAPT_MISSING)
         if cfg.strict:
             raise KimiHotfixError("wrapt is not installed") from exc
         return
     for name in pending:
-        target = registry.get(name).target
+        target = registry.target(name)
         module = sys.modules.get(target)
-        if module is not None and importwatch.initializing(module):
+        if module is not None and _half_imported(module):
+            from kimi_hotfix import importwatch
+
             try:
                 importwatch.when_imported(module, _after_import(name))
             except (TypeError, AttributeError) as exc:  # a spec that cannot be watched
@@ -137,14 +153,24 @@ def _arm(source: str) -> None:
             wrapt.register_post_import_hook(_hook(name), target)
 
 
+def _half_imported(module) -> bool:
+    """kimi_hotfix.importwatch.initializing, without loading it for nothing."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _fail_pending(reason: str) -> None:
+    """Every pending patch becomes ``failed: reason``."""
+    for name in registry.names():
+        state.update(name, lambda s: State(Kind.FAILED, reason) if s.kind == Kind.PENDING else s)
+
+
 _metrics_tried = False
 
 
 def _install_metrics() -> None:
-    """The states on vLLM's /metrics (kimi_hotfix.metrics): post-import hooks on
-    prometheus_client and, after the patches' own hooks, on their targets.
-    Imports neither; once per process. Under KIMI_HOTFIX=0 too: the kill
-    switch shows (``enabled="false"``), where no series would look like no shim."""
+    """The states on vLLM's /metrics (kimi_hotfix.metrics), told of every
+    change. Under KIMI_HOTFIX=0 too: the kill switch shows (``enabled="false"``),
+    where no series would look like no shim. Once per process."""
     global _metrics_tried
     cfg = state.config()
     if cfg is None or _metrics_tried:
@@ -153,13 +179,21 @@ def _install_metrics() -> None:
     try:
         from kimi_hotfix import metrics
 
-        metrics.install(states, __version__, [p.target for p in registry.patches().values()
-                                              if p.target])
+        metrics.install(snapshot(), [registry.target(n) for n in registry.names()
+                                     if registry.target(n)], _serving)
+        listeners.append(metrics.publish)
     except Exception as exc:  # the exporter never takes the patches down with it...
         why = f"installing the exporter failed ({describe(exc)})"
         messages.emit(messages.METRICS_FAILED, why, exc_info=True)
         if cfg.strict:  # ...but a canary in strict mode learns that the shim is broken
             raise KimiHotfixError(f"metrics: {why}") from exc
+
+
+def _serving(module) -> None:
+    """prometheus_client was imported: the scrape's side of the exporter loads."""
+    from kimi_hotfix import scrape
+
+    scrape.on_prometheus_client(module)  # contains its own failures
 
 
 def _hook(name: str):
@@ -180,7 +214,7 @@ def _after_import(name: str):
             settle(name, module)
             return
         try:
-            load_wrapt().register_post_import_hook(_hook(name), registry.get(name).target)
+            load_wrapt().register_post_import_hook(_hook(name), registry.target(name))
         except Exception as exc:
             _contained_hook_failure(name, exc)
 
@@ -191,7 +225,7 @@ def _contained_hook_failure(name, exc) -> None:
     why = f"{type(exc).__name__}: {exc}"
     state.put(name, State(Kind.FAILED, f"its import hook failed: {why}"))
     messages.emit(messages.HOOK_FAILED, name, why, exc_info=exc)
-    state.log_if_changed()
+    log_if_changed()
     if _strict():
         raise KimiHotfixError(f"{name}: its import hook failed: {why}") from exc
 
@@ -199,33 +233,32 @@ def _contained_hook_failure(name, exc) -> None:
 # -- settling ---------------------------------------------------------------------
 
 
-def decide(patch, module, optimize: Optional[int] = None) -> Decision:
-    """The patch's decision; a check that raises cannot tell (never "not needed"),
-    except PatchError: the patch cannot find what it patches."""
-    level = sys.flags.optimize if optimize is None else optimize
-    try:
-        decision = patch.check(module, level)
-    except PatchError:
-        raise
-    except Exception as exc:
-        return _cannot_tell(f"its check raised {type(exc).__name__}: {exc}")
-    if not isinstance(decision, Decision):
-        return _cannot_tell(f"its check returned {decision!r}")
-    return decision
-
-
 def settle(name: str, module) -> None:
-    """Decide and apply ``name`` on ``module``, once (other calls return at once)."""
+    """Decide and apply ``name`` on ``module``, once (other calls return at once).
+    Its module, and the settle-only modules, load now."""
     token = state.begin(name)
     if token is None:
         return
     started = time.perf_counter()
     try:
-        outcome, error = _decide_and_apply(name, registry.get(name), module, token.records)
-    except Exception as exc:  # the shim's own code failed: contained
-        wrapping.uninstall(token.records)
+        patch = registry.get(name)
+        broken = registry.broken(name)
+        if broken:
+            messages.emit(messages.LOAD_FAILED, name, broken)
+            outcome = State(Kind.FAILED, broken)
+            error = KimiHotfixError(f"{name}: {broken}") if _strict() else None
+        else:
+            outcome, error = _outcome().apply(name, patch, module, _context(name, token.records),
+                                              name in state.config().forced, _strict())
+        if token.records:  # what it wrapped, re-imported, is settled again there and then
+            from kimi_hotfix import importwatch
+
+            importwatch.watch_reimports(registry.target(name), _reimported)
+    except Exception as exc:  # the shim's own code failed (or one of its files): contained
+        _uninstall(token.records)
         token.records.clear()
-        why = f"{type(exc).__name__}: {exc}"
+        # a SyntaxError's own text names its file's base name only: describe() the whole path
+        why = describe(exc) if isinstance(exc, SyntaxError) else f"{type(exc).__name__}: {exc}"
         outcome = State(Kind.FAILED, f"its import hook failed: {why}")
         messages.emit(messages.HOOK_FAILED, name, why, exc_info=True)
         error = KimiHotfixError(f"{name}: its import hook failed: {why}") if _strict() else None
@@ -234,96 +267,81 @@ def settle(name: str, module) -> None:
         if recompile is not None:
             recompile.forget()
         state.add_cost("settle", time.perf_counter() - started)
-    state.finish(name, token, outcome)
-    state.log_if_changed()
+    if state.end(name, token, outcome):  # undo() ran while this patch was being applied
+        state.put(name, _undone_state(name, _uninstall(token.records)))
+    log_if_changed()
     if error is not None:
         raise error
 
 
-def _context(name: str, records: list) -> wrapping.PatchContext:
-    return wrapping.PatchContext(name, records, load_wrapt, state.wrapper_failed)
+def _uninstall(records: list) -> list:
+    """kimi_hotfix.wrapping.uninstall, where anything was installed (what it
+    could not restore)."""
+    wrapping = sys.modules.get("kimi_hotfix.wrapping")
+    return wrapping.uninstall(records) if records and wrapping is not None else []
 
 
-def _decide_and_apply(name, patch, module, records) -> tuple:
-    """(the new State, a KimiHotfixError to raise in strict mode or None)."""
-    strict = _strict()
-    try:
-        decision = decide(patch, module)
-    except PatchError as exc:
-        messages.emit(messages.APPLY_FAILED, name, exc)
-        return State(Kind.FAILED, str(exc)), (KimiHotfixError(f"{name}: {exc}") if strict else None)
-    forced = name in state.config().forced
-    if not decision.applies and not forced:
-        return State(Kind(decision.verdict.value), decision.reason), None
-    unsure = decision.verdict == Verdict.UNKNOWN
-    ctx = _context(name, records)
-    try:
-        note = patch.apply(module, ctx)
-    except Exception as exc:
-        wrapping.uninstall(records)
-        records.clear()
-        why = str(exc) if isinstance(exc, PatchError) else f"{type(exc).__name__}: {exc}"
-        if unsure:
-            messages.emit(messages.UNSURE_FAILED, name, decision.reason, why)
-            detail = f"cannot tell whether it is needed ({decision.reason}) and cannot apply ({why})"
-        else:
-            messages.emit(messages.APPLY_FAILED, name, why,
-                          exc_info=None if isinstance(exc, PatchError) else exc)
-            detail = why
-        return State(Kind.FAILED, detail), (KimiHotfixError(f"{name}: {detail}") if strict else None)
-    parts = []
-    if unsure:
-        messages.emit(messages.UNSURE_APPLIED, name, decision.reason)
-        parts.append(f"cannot tell: {decision.reason}; applied to be safe")
-    elif forced and not decision.applies:
-        parts.append(f"forced; {State(Kind(decision.verdict.value), decision.reason)}")
-    if not records and ctx.skipped:
-        parts.append("already applied by another copy of the shim")
-    if note:
-        parts.append(note)
-    error = None
-    if unsure and strict:
-        error = KimiHotfixError(f"{name}: cannot tell whether it is needed: {decision.reason}")
-    return State(Kind.APPLIED, "; ".join(parts)), error
+def _outcome():
+    from kimi_hotfix import outcome  # settle-only: loaded at the first target's import
+
+    return outcome
+
+
+def _context(name: str, records: list):
+    from kimi_hotfix import wrapping
+
+    return wrapping.PatchContext(name, records, load_wrapt, wrapper_failed, spent)
+
+
+# -- wrapper failures and first-call costs (a patch's Context reports them) -------------
+
+
+def wrapper_failed(name: str, exc: BaseException, instead: str) -> None:
+    """A patch's own code failed on one call: count it in the state; log the
+    first (and the changed summary line); strict mode raises."""
+    reason = f"{type(exc).__name__}: {exc}"
+    old, _new = state.update(name, lambda s: s.with_failure(reason), State(Kind.APPLIED))
+    if old.failures == 0:
+        messages.emit(messages.WRAPPER_FAILED, name, reason, instead, exc_info=exc)
+        log_if_changed()
+    if _strict():
+        raise KimiHotfixError(f"{name} wrapper failed: {exc}") from exc
+
+
+def spent(phase: str, seconds: float) -> None:
+    """Seconds a patch's own code spent outside a settle (``first_call``)."""
+    state.add_cost(phase, seconds)
+    log_if_changed()  # tells the listeners (the cost is on /metrics)
 
 
 # -- re-imports ------------------------------------------------------------------------
 
 
-def _reachable(rec) -> bool:
-    """Does vLLM still reach what the record wrapped: the attribute holds the
-    wrapper, and its owner is what its module (in sys.modules) names? False
-    after ``importlib.reload`` or a fresh import of the module (new objects)."""
-    if not wrapping.holds(rec, rec.wrapper):
-        return False
-    if isinstance(rec.owner, type(sys)):
-        found = sys.modules.get(rec.owner.__name__)
-        return found is None or found is rec.owner  # removed, not re-imported yet: still in use
-    found = sys.modules.get(rec.owner.__module__)
-    if found is None:
-        return True
-    for part in rec.owner.__qualname__.split("."):
-        found = getattr(found, part, None)
-    return found is rec.owner
-
-
 _retired: dict = {}  # name -> records on the objects a re-import replaced
 
 
-def _settle_reimported() -> None:
+def _reimported(module) -> None:
+    """importwatch's callback: ``module`` was just imported again."""
+    _settle_reimported([n for n in registry.names()
+                        if registry.target(n) == getattr(module, "__name__", None)])
+
+
+def _settle_reimported(names=None) -> None:
     """An applied patch whose module was reloaded or imported afresh settles
     again on the new objects (what it wrapped before stays wrapped, and is
     undone with the rest), and its state says so: no ``applied`` is stale."""
-    for name in registry.names():
+    for name in registry.names() if names is None else names:
         if state.get(name).kind != Kind.APPLIED:
             continue
         old = state.records(name)
-        if not old or all(_reachable(rec) for rec in old):
+        from kimi_hotfix import wrapping
+
+        if not old or all(wrapping.reachable(rec) for rec in old):
             continue
-        target = registry.get(name).target
+        target = registry.target(name)
         try:
             state.put(name, State(Kind.PENDING), records=[])
-            with state.batch():
+            with batch():
                 module = sys.modules.get(target)
                 if module is not None:
                     settle(name, module)
@@ -342,14 +360,16 @@ def _settle_reimported() -> None:
 
 
 def states() -> dict:
-    """name -> State in this process (a patch whose module was re-imported
-    settles again first)."""
-    if state.config() is not None:
-        _settle_reimported()
+    """name -> State in this process (before arming, every patch is pending);
+    a re-import that no import statement made (a module object put in
+    sys.modules by hand) is settled here."""
+    if state.config() is None:
+        return {name: State(Kind.PENDING) for name in registry.names()}
+    _settle_reimported()
     return state.states()
 
 
-# -- toggling and rollback ------------------------------------------------------------
+# -- toggling, undo and reapply ------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -359,7 +379,9 @@ def toggled(name: str, applied: bool):
     same objects installed, the same state (where the block changed nothing,
     e.g. on for a patch already applied, the state keeps what happened in it,
     such as wrapper failures). Its module must be loaded. Yields the state
-    inside the block. Does not log the summary line."""
+    inside the block. Does not log the summary line (``check`` uses it)."""
+    from kimi_hotfix import wrapping
+
     patch = registry.get(name)
     module = sys.modules.get(patch.target)
     if module is None:
@@ -388,30 +410,166 @@ def toggled(name: str, applied: bool):
             state.put(name, saved_state, records=saved)
 
 
+def _undone_state(name: str, left: list, nothing_here: bool = False) -> State:
+    """The state undo() leaves, naming what it could not restore (and logging it)."""
+    for rec in left:
+        messages.emit(messages.UNDO_INCOMPLETE, name, rec.qualname)
+    detail = "undone"
+    if nothing_here:
+        detail += "; nothing to restore here: another copy of the shim installed it"
+    if left:
+        detail += f"; could not restore {', '.join(r.qualname for r in left)} (replaced since)"
+    return State(Kind.DISABLED, detail, undone=True)
+
+
 def undo(name: Optional[str] = None) -> dict:
     """Put back vLLM's original methods for one patch (or all): a rollback. A
     patch still pending (or being applied) stays off. The states say what could
     not be restored (something else re-wrapped it since)."""
     for patch_name in [name] if name else list(registry.names()):
-        if state.mark_undone(patch_name) != "installed":
+        current = state.mark_undone(patch_name, State(Kind.DISABLED, "undone", undone=True))
+        if current is None or current.kind != Kind.APPLIED:
             continue
+        from kimi_hotfix import wrapping
+
         records = state.pop_records(patch_name) + _retired.pop(patch_name, [])
         left = wrapping.uninstall(records)
-        for rec in left:
-            messages.emit(messages.UNDO_INCOMPLETE, patch_name, rec.qualname)
-        state.put(patch_name, state.undone_state(left, nothing_here=not records))
-    state.log_if_changed()
+        state.put(patch_name, _undone_state(patch_name, left, nothing_here=not records))
+    log_if_changed()
     return states()
 
 
 def reapply(name: Optional[str] = None) -> dict:
     """Decide and apply again the patches undo() took out (at once where their
     module is loaded, else when vLLM imports it)."""
-    with state.batch():
+    with batch():
         for patch_name in [name] if name else list(registry.names()):
             if state.get(patch_name).undone:
                 state.put(patch_name, State(Kind.PENDING))
-                module = sys.modules.get(registry.get(patch_name).target)
+                module = sys.modules.get(registry.target(patch_name))
                 if module is not None:
                     settle(patch_name, module)
     return states()
+
+
+# -- the summary line, and who is told of a change ---------------------------------------
+
+_logged: Optional[str] = None  # the last summary line logged by this process
+_silent = False  # a child forked only to exec another program logs nothing
+_batch = threading.local()
+
+
+def summary_line() -> str:
+    parts = [f"{name}: {current.line_text()}" for name, current in state.states().items()]
+    version = versions.vllm_version() or ("version unknown" if "vllm" in sys.modules
+                                           else "not installed")
+    return (f"kimi-hotfix {__version__} (vllm {version}, "
+            f"{versions.python_label()}): " + " | ".join(parts))
+
+
+def _fields() -> dict:
+    """The summary line's parts, for the JSON log format."""
+    parts = {name: str(current) for name, current in state.states().items()}
+    return {"version": __version__, "vllm": versions.vllm_version() or None,
+            "python": versions.python_label(), "states": parts}
+
+
+def snapshot() -> dict:
+    """What the listeners are told: the states, the costs, who armed, the toggles."""
+    cfg = state.config()
+    return {"states": state.states(), "cost": state.cost(), "armed_by": state.armed_by(),
+            "version": __version__, "enabled": cfg is None or cfg.enabled,
+            "pod_files": cfg is None or cfg.pod_files}
+
+
+@contextlib.contextmanager
+def batch():
+    """Changes made in this block, by this thread, are logged as one line at its end."""
+    depth = getattr(_batch, "depth", 0)
+    _batch.depth = depth + 1
+    try:
+        yield
+    finally:
+        _batch.depth = depth
+        if not depth:
+            log_if_changed()
+
+
+def log_if_changed() -> None:
+    """Log the summary line if this process has not logged it as it is now, and
+    tell the listeners."""
+    global _logged
+    if state.config() is None or getattr(_batch, "depth", 0) or _silent:
+        return
+    line = summary_line()
+    with state.lock():
+        changed, _logged = line != _logged, line
+    if changed:
+        messages.emit(messages.SUMMARY, line, fields=_fields())
+    if listeners:
+        told = snapshot()
+        for listener in list(listeners):  # each contains its own failures (metrics.publish)
+            listener(told)
+
+
+# -- exit and fork -------------------------------------------------------------------
+
+
+def at_exit() -> None:
+    """Pending patches end ``not loaded``, or ``failed`` where the target was
+    imported but the patch never settled (its hook did not run)."""
+    settling = state.settling()
+    for name in registry.names():
+        if name not in settling:
+            state.update(name, _ended(registry.target(name)))
+    log_if_changed()
+
+
+def _ended(target: str):
+    def change(current: State) -> State:
+        if current.kind != Kind.PENDING:
+            return current
+        if target in sys.modules:
+            return State(Kind.FAILED, f"{target} was imported but the patch never ran")
+        return State(Kind.NOT_LOADED, f"{target} never imported")
+
+    return change
+
+
+def forked_to_exec() -> bool:
+    """Is this fork ``subprocess``'s, for a ``preexec_fn`` before an exec? Such
+    a child runs the at-fork handlers (Python runs them when a preexec_fn is
+    given), then becomes another program: it must not log as a vLLM process."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_execute_child" and code.co_filename.endswith("subprocess.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def after_fork_in_child() -> None:
+    """A forked child: new locks (the store's, wrapping's, and wrapt's hook lock
+    where a thread the child does not have held it); what another thread of
+    the parent was installing is rolled back here; the child logs its own
+    line, unless it was forked only to exec another program (``forked_to_exec``)."""
+    global _logged, _silent
+    state.after_fork_in_child()
+    wrapping = sys.modules.get("kimi_hotfix.wrapping")
+    if wrapping is not None:
+        wrapping.after_fork_in_child()
+    _wrapt.after_fork_in_child()
+    _silent = forked_to_exec()
+    me = threading.get_ident()
+    for name, token in state.settling().items():
+        if token.thread == me:
+            continue  # this thread forked from inside the settle (patch code forking)
+        state.drop_settling(name)
+        _uninstall(token.records)
+        state.put(name, State(Kind.FAILED, "was being applied by another thread when this "
+                                           "process forked; rolled back here"))
+        if not _silent:
+            messages.emit(messages.FORK_INTERRUPTED, name)
+    _logged = None
+    log_if_changed()

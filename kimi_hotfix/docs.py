@@ -1,7 +1,7 @@
 """The generated tables of README.md and docs/troubleshooting.md: what the shim
 fixes (from the patches' metadata), every line it can log (from
 kimi_hotfix.messages: docs/troubleshooting.md), the states, and the exit codes
-of the commands (from kimi_hotfix.cli, which ``--help`` prints too).
+of the commands (from kimi_hotfix.exitcodes, which ``--help`` prints too).
 
 ``scripts/docs`` writes them between the pages' markers; a unit test fails
 when a page differs from ``render(its text)``. Imports no vLLM.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from kimi_hotfix import __version__, messages, registry
+from kimi_hotfix import __version__, exitcodes, messages, registry
 from kimi_hotfix.base import Kind
 
 STATES = {
@@ -55,15 +55,13 @@ def state_table() -> str:
 
 
 def exit_table() -> str:
-    from kimi_hotfix import cli
-
-    rows = ["| exit | " + " | ".join(f"`{c}`" for c in cli.COMMANDS) + " |",
-            "|---" * (len(cli.COMMANDS) + 1) + "|"]
-    for code, meanings in cli.EXIT_CODES:
-        cells = [(meanings[c] or "").replace("|", "\\|") for c in cli.COMMANDS]
+    rows = ["| exit | " + " | ".join(f"`{c}`" for c in exitcodes.COMMANDS) + " |",
+            "|---" * (len(exitcodes.COMMANDS) + 1) + "|"]
+    for code, meanings in exitcodes.EXIT_CODES:
+        cells = [(meanings[c] or "").replace("|", "\\|") for c in exitcodes.COMMANDS]
         rows.append(f"| {code} | " + " | ".join(cells) + " |")
     rows.append("")
-    rows.append("Any command: " + "; ".join(f"{code} {when}" for code, when in cli.ANY) + ".")
+    rows.append("Any command: " + "; ".join(f"{code} {when}" for code, when in exitcodes.ANY) + ".")
     return "\n".join(rows) + "\n"
 
 

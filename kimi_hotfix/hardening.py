@@ -144,8 +144,6 @@ class OnFirstCall:
         return self.impls.get(func)
 
     def _build(self):
-        from kimi_hotfix import state
-
         impls = {}
         failure = None
         started = time.perf_counter()
@@ -156,10 +154,8 @@ class OnFirstCall:
             impls, failure = dict.fromkeys(self.funcs), exc
         finally:
             recompile.forget()  # the parsed module served these functions only
-            state.add_cost("first_call", time.perf_counter() - started)
         self.failure = failure
-        if failure is None:
-            state.log_if_changed()  # publishes the cost (kimi_hotfix.metrics)
+        self.ctx.spent("first_call", time.perf_counter() - started)  # on /metrics
         return impls
 
     def wrapper(self, func):

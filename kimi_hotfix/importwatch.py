@@ -1,6 +1,6 @@
-"""Run a callback when a half-imported module has finished importing.
+"""Imports the post-import hooks do not see: a half-imported module, a re-import.
 
-Arming can find a target module half-executed: another thread (or this one,
+``when_imported``: arming can find a target module half-executed: another thread (or this one,
 further up the stack) is importing it, and wrapt would run a post-import hook
 on it at once, before its classes exist. The import system ends every import
 with ``spec._initializing = False``, in the importing thread, after the module
@@ -9,12 +9,21 @@ spec's class is swapped for a subclass that watches that one assignment, puts
 the class back and runs the callbacks there and then: in the importing thread,
 so no extra thread, no lock, and an exception (strict mode) fails that import
 as a post-import hook's would.
+
+``watch_reimports``: wrapt's hook for a module runs once, at its first import;
+``importlib.reload`` or a fresh import (after ``del sys.modules[name]``) runs
+the module's code again and vLLM gets new classes, unpatched. A finder first
+on ``sys.meta_path`` (put there, by a new list, when the first patch
+applies) answers for the watched names only: it asks the finders after it
+and wraps the loader, whose ``exec_module`` calls back once the module's code
+has run, in the importing thread, before anything else can use it.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import threading
 from typing import Callable
 
 _WAITING = "_kimi_hotfix_waiting"  # on the watched spec: the callbacks to run
@@ -58,3 +67,62 @@ def _watching(cls):
 
     return type(f"Watched{cls.__name__}", (cls,), {"__slots__": (),
                                                     "_initializing": property(get, put)})
+
+
+class Reimports:
+    """The finder behind ``watch_reimports``: finds nothing itself."""
+
+    def __init__(self):
+        self.watched: dict = {}  # module name -> callback(module)
+        self._searching = threading.local()
+
+    def find_spec(self, fullname, path=None, target=None):
+        callback = self.watched.get(fullname)
+        if callback is None or getattr(self._searching, "name", None) == fullname:
+            return None
+        self._searching.name = fullname
+        try:
+            for finder in [f for f in sys.meta_path if f is not self]:
+                find = getattr(finder, "find_spec", None)
+                spec = find(fullname, path, target) if find is not None else None
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._searching.name = None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Reexecuted(spec.loader, callback)
+        return spec
+
+    def invalidate_caches(self):
+        pass
+
+
+class _Reexecuted:
+    def __init__(self, loader, callback):
+        self.loader, self.callback = loader, callback
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self.loader  # what vLLM and linecache see
+        self.loader.exec_module(module)
+        self.callback(module)
+
+
+_finder = None
+
+
+def watch_reimports(name: str, callback: Callable) -> None:
+    """Call ``callback(module)`` each time module ``name`` is imported again."""
+    global _finder
+    if _finder is None:
+        _finder = Reimports()
+    _finder.watched[name] = callback
+    if _finder not in sys.meta_path:  # a new list: another thread may be walking the old one
+        sys.meta_path = [_finder, *sys.meta_path]

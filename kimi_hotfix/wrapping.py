@@ -38,9 +38,9 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from kimi_hotfix.base import Context, PatchError
+from kimi_hotfix.base import MARKER, PatchError, is_wrapped  # noqa: F401
+from kimi_hotfix.patching import Context
 
-MARKER = "_self_kimi_hotfix_patch"  # on everything the shim installs: the owning patch's name
 _install_lock = threading.Lock()  # held for one check-and-set, never around patch code
 OUR_TYPES = ("KimiHotfixWrapper", "KimiHotfixBoundWrapper")  # wrapper_class's, in any copy
 MAX_DEPTH = 16  # wrappers followed down one attribute
@@ -63,10 +63,6 @@ def owner_of(obj) -> Optional[str]:
     """The name of the patch that installed ``obj``, or None."""
     name = getattr(obj, MARKER, None)
     return name if isinstance(name, str) else None
-
-
-def is_wrapped(obj) -> bool:
-    return owner_of(obj) is not None
 
 
 _classes: dict = {}  # wrapt module -> its FunctionWrapper subclass
@@ -249,15 +245,18 @@ def _describe(node) -> str:
 class PatchContext(Context):
     """``Context`` for one patch: its wraps go to ``records`` (shared with the
     core, so a fork can roll back a half-done apply); ``on_failure(name, exc,
-    instead)`` is the core's wrapper-failure report."""
+    instead)`` is the core's wrapper-failure report, ``on_spent(phase,
+    seconds)`` its cost account."""
 
     def __init__(self, name: str, records: list, load_wrapt: Callable,
-                 on_failure: Callable, skipped: Optional[list] = None):
+                 on_failure: Callable, on_spent: Optional[Callable] = None,
+                 skipped: Optional[list] = None):
         self.name = name
         self.records = records
         self.skipped = [] if skipped is None else skipped  # wrapped already by this patch
         self._load_wrapt = load_wrapt
         self._on_failure = on_failure
+        self._on_spent = on_spent
 
     def wrap(self, owner, attr, wrapper=None, *, replacement=None):
         if (wrapper is None) == (replacement is None):
@@ -294,11 +293,32 @@ class PatchContext(Context):
     def failed(self, exc, instead):
         self._on_failure(self.name, exc, instead)
 
+    def spent(self, phase, seconds):
+        if self._on_spent is not None:
+            self._on_spent(phase, seconds)
+
 
 def holds(rec, obj) -> bool:
     """Does the chain on the record's attribute hold ``obj`` (in a slot that can
     be rewritten)?"""
     return any(slot is not None and node is obj for slot, node in chain(rec.owner, rec.attr))
+
+
+def reachable(rec) -> bool:
+    """Does vLLM still reach what the record wrapped: the attribute holds the
+    wrapper, and its owner is what its module (in sys.modules) names? False
+    after ``importlib.reload`` or a fresh import of the module (new objects)."""
+    if not holds(rec, rec.wrapper):
+        return False
+    if isinstance(rec.owner, type(sys)):
+        found = sys.modules.get(rec.owner.__name__)
+        return found is None or found is rec.owner  # removed, not re-imported yet: still in use
+    found = sys.modules.get(rec.owner.__module__)
+    if found is None:
+        return True
+    for part in rec.owner.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is rec.owner
 
 
 def _swap(records: list, have: str, put: str) -> list:

@@ -26,7 +26,7 @@ def _registry():
 
 PATCHES, TARGETS = _registry()
 SUMMARY = "kimi-hotfix {} (".format(
-    re.search(r'__version__ = "([^"]+)"', (REPO / "kimi_hotfix" / "__init__.py").read_text()).group(1))
+    re.search(r'^SHIM = "([^"]+)"', (REPO / "kimi_hotfix" / "versions.py").read_text(), re.M).group(1))
 
 
 def hermetic_env(shim: bool = True, **extra) -> dict:

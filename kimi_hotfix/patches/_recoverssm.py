@@ -1,9 +1,8 @@
-"""RecoverSSM knowledge shared by capture_workspace and kda_overlong_rows.
-
-``has_recoverssm()`` is their common first question (cheap: a dataclass field
-of vLLM's CacheConfig). The rest builds real vLLM objects on a CPU, with no
-model, for their probes. Importing this module imports nothing heavy; its
-functions import vLLM and torch (set VLLM_TARGET_DEVICE=cpu first). What is
+"""The probes' scaffolding for capture_workspace and kda_overlong_rows: real
+vLLM objects built on a CPU, with no model. Only their probes (``check``)
+import it, never a vLLM process (``has_recoverssm()``, the patches' common
+first question, lives in capture_workspace). Importing this module imports
+nothing heavy; its functions import vLLM and torch (set VLLM_TARGET_DEVICE=cpu first). What is
 not the real vLLM there, and why (inputs only, never behaviour):
 
 - ``CudaGraphManager.__init__`` asks ``get_pp_group()`` for its pipeline rank
@@ -21,20 +20,13 @@ not the real vLLM there, and why (inputs only, never behaviour):
 from __future__ import annotations
 
 import contextlib
-import importlib
 import types
 
 from kimi_hotfix import wrapping
+from kimi_hotfix.patches.capture_workspace import FIELD as RECOVERSSM_FIELD
+from kimi_hotfix.patches.capture_workspace import has_recoverssm
 
 SEED = {"max_num_seqs": 48, "num_spec": 8}  # the failing deployment: 48 x (1 + 8) = 432
-RECOVERSSM_FIELD = "use_kda_recoverssm"
-
-
-def has_recoverssm() -> bool:
-    """Does this vLLM have RecoverSSM at all (``CacheConfig.use_kda_recoverssm``,
-    a dataclass field: read from the class, not from any text)?"""
-    cache_config = importlib.import_module("vllm.config").CacheConfig
-    return RECOVERSSM_FIELD in getattr(cache_config, "__dataclass_fields__", {})
 
 
 def vllm_config(max_num_seqs=48, num_spec=8, recoverssm=True, max_num_batched_tokens=8192,

@@ -807,7 +807,7 @@ import prometheus_client as pc
 from kimi_hotfix import metrics
 def broken():
     raise RuntimeError("states unavailable")
-metrics._states = broken
+metrics.record = broken
 texts = [pc.generate_latest(vp.get_prometheus_registry()).decode() for _ in range(2)]
 print("KIMI_JSON:" + json.dumps({"texts": texts}))
 """, flags=["-O"], stderr=True)

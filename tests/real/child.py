@@ -496,7 +496,8 @@ def coexist():
 @section("reimport", when=SPEC.get("reimport"))
 def reimport():
     """importlib.reload of kv_cache_interface and a fresh import of
-    vllm.config.vllm, then undo (test_processes.py)."""
+    vllm.config.vllm (what runs before the states are read, and after), then
+    undo (test_processes.py)."""
 
     def show():
         states = core.states()
@@ -510,10 +511,14 @@ def reimport():
     old_class = kvi.MLAAttentionSpec
     out = {"before": show()}
     importlib.reload(kvi)
+    # what vLLM runs now, before anything reads the states: the fix, beside vLLM's own merge
+    out["reloaded_unread"] = {"capability": mechanics.mla_capability(kvi),
+                              "vllm_own": mechanics.mla_capability(kvi, original=True)}
     out["reloaded"] = show()
     del sys.modules["vllm.config.vllm"]
     importlib.import_module("vllm.config.vllm")  # a fresh import of the module
-
+    config = sys.modules["vllm.config.vllm"].VllmConfig
+    out["reimported_unread"] = any(core.is_wrapped(v) for v in vars(config).values())
     out["reimported"] = show()
     out["old_class_wrapped"] = core.is_wrapped(vars(old_class)["merge"])
     core.undo()

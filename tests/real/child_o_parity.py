@@ -60,11 +60,11 @@ def outcome(call):
 
 def patched(patch, module, call):
     """``call()`` with ``patch`` applied to ``module``; vLLM's own objects back after."""
-    from kimi_hotfix import core, state, wrapping
+    from kimi_hotfix import core, wrapping
 
     records = []
     patch.apply(module, wrapping.PatchContext(patch.name, records, core.load_wrapt,
-                                              state.wrapper_failed))
+                                              core.wrapper_failed, core.spent))
     try:
         return call()
     finally:

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.releases("0.29.0")
 DEPLOY = REPO / "deploy" / "kubernetes"
 MOUNT = "/opt/kimi-hotfix"
 TOP = "kimi-hotfix"
-VERSION = re.search(r'__version__ = "([^"]+)"', (REPO / "kimi_hotfix" / "__init__.py").read_text())[1]
+VERSION = re.search(r'^SHIM = "([^"]+)"', (REPO / "kimi_hotfix" / "versions.py").read_text(), re.M)[1]
 THIS = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 

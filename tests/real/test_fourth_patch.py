@@ -30,10 +30,10 @@ Upstream: none. Needed when: always (a stand-in).
 
 import importlib
 
-from kimi_hotfix import base, wrapping
+from kimi_hotfix import patching, wrapping
 
 
-class FourthPatch(base.Patch):
+class FourthPatch(patching.Patch):
     name = "fourth_standin"
     target = "vllm.v1.core.kv_cache_utils"
     wraps = ("is_kv_cache_spec_uniform",)
@@ -45,7 +45,7 @@ class FourthPatch(base.Patch):
     probe_title = "is_kv_cache_spec_uniform carries the shim's marker"
 
     def check(self, module, optimize):
-        return base.needed("a stand-in that is always needed")
+        return patching.needed("a stand-in that is always needed")
 
     def apply(self, module, ctx):
         ctx.wrap(module, "is_kv_cache_spec_uniform", lambda wrapped, i, a, k: wrapped(*a, **k))
@@ -53,7 +53,7 @@ class FourthPatch(base.Patch):
     def probe(self):
         module = importlib.import_module(self.target)
         wrapped = wrapping.is_wrapped(vars(module)["is_kv_cache_spec_uniform"])
-        return base.ProbeResult(ok=wrapped, detail=f"wrapped: {wrapped}")
+        return patching.ProbeResult(ok=wrapped, detail=f"wrapped: {wrapped}")
 
 
 PATCH = FourthPatch()
@@ -69,7 +69,8 @@ def shim(tmp_path_factory):
     (root / "kimi_hotfix" / "patches" / "fourth_standin.py").write_text(FOURTH)
     registry = root / "kimi_hotfix" / "patches" / "__init__.py"
     text = registry.read_text()
-    new = re.sub(r'(PATCH_MODULES = \(.*?)\)', r'\1, "fourth_standin")', text, flags=re.S)
+    new = re.sub(r'(PATCHES = \{.*?)\n\}', r'\1\n    "fourth_standin": "vllm.v1.core.kv_cache_utils",\n}',
+                 text, count=1, flags=re.S)
     # the setup the docstring states: one line of the registry changed, the name added
     assert new.count("fourth_standin") == 1
     assert len(set(new.splitlines()) - set(text.splitlines())) == 1

@@ -262,9 +262,13 @@ def test_patched_callables_pickle_and_copy_wherever_vllms_own_do(release):
 def test_a_reloaded_or_reimported_module_is_settled_again_never_stale(release):
     """Issue 20 item 5: after ``importlib.reload`` (kv_cache_interface) or a
     fresh import (vllm.config.vllm) the classes are vLLM's own again;
-    the patch settles again on them when its state is read (the state says so),
-    so ``applied`` is never stale; undo() puts back the old objects too."""
+    the patch settles again on them during that import (issue 29), so vLLM
+    runs the fix before anything reads the states (the merge keeps the draft
+    capability that vLLM's own merge, under -O, drops), the state says so,
+    ``applied`` is never stale; undo() puts back the old objects too."""
     out = child(release, "on", "O")["reimport"]  # the child's last section (harness.child_spec)
+    assert out["reloaded_unread"] == {"capability": True, "vllm_own": False}, out
+    assert out["reimported_unread"] is True
     for phase in ("before", "reloaded", "reimported"):
         seen = out[phase]
         assert seen["merge_wrapped"] and seen["config_wrapped"], (phase, seen)

@@ -1,6 +1,6 @@
 """Stand-in patches for the core's mechanics (child side; no vLLM).
 
-``Fake`` is a ``base.Patch`` whose decision, check failure, apply steps and
+``Fake`` is a ``patching.Patch`` whose decision, check failure, apply steps and
 failures are set per instance; its target is a stand-in module
 ``standin_<name>`` that the test writes (``MODULE``). ``register(*fakes)``
 replaces the registry with them. A child imports this after start-up:
@@ -11,13 +11,13 @@ import json
 import sys
 import threading
 
-from kimi_hotfix import base, registry, state, wrapping
+from kimi_hotfix import patching, registry, state, wrapping
 
 MODULE = ("class Thing:\n    def first(self):\n        return 'original'\n"
           "    def second(self):\n        return 'original'\n")
 
 
-class Fake(base.Patch):
+class Fake(patching.Patch):
     def __init__(self, name, decision=None, raises=None, apply_fails=False, target=None,
                  attrs=("first", "second"), pause=None):
         self.name, self.target = name, target or "standin_" + name
@@ -46,14 +46,15 @@ class Fake(base.Patch):
                 go.wait(30)
 
     def probe(self):
-        return base.ProbeResult(ok=True)
+        return patching.ProbeResult(ok=True)
 
 
 def register(*fakes):
     """The registry holds ``fakes`` only."""
-    patches = registry.patches()
-    patches.clear()
-    patches.update((fake.name, fake) for fake in fakes)
+    registry._targets.clear()
+    registry._patches.clear()
+    for fake in fakes:
+        registry.add(fake)
 
 
 def installed(module_name, attrs=("first", "second")):

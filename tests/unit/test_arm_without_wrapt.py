@@ -16,9 +16,9 @@ from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python
 CHILD = f"import sys\nsys.path.append({str(STANDINS)!r})\n" + r'''
 import fakes
 from fakes import Fake
-from kimi_hotfix import base, core, registry
-fakes.register(Fake("needed", base.needed("the bug is there")), Fake("other", base.fixed("fine")))
-registry.add(registry.Unloadable("broken", ImportError("no such file")))
+from kimi_hotfix import base, core, registry, patching
+fakes.register(Fake("needed", patching.needed("the bug is there")), Fake("other", patching.fixed("fine")))
+registry.add(patching.Unloadable("broken", ImportError("no such file")))
 try:
     core.arm("test")
     out = {"raised": None}

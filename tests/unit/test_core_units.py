@@ -1,4 +1,4 @@
-"""kimi_hotfix.core.decide in-process: what a patch's check gives, turned into
+"""kimi_hotfix.outcome.decide in-process: what a patch's check gives, turned into
 the decision the core acts on (arming and settling: test_states.py, in
 children)."""
 
@@ -11,22 +11,22 @@ import pytest
 sys.path.append(str(__import__("helpers").STANDINS))
 from fakes import Fake  # noqa: E402
 
-from kimi_hotfix import base, core  # noqa: E402
+from kimi_hotfix import base, outcome, patching  # noqa: E402
 
 
 def test_a_check_that_returns_no_decision_cannot_tell_and_says_what_it_returned():
-    decision = core.decide(Fake("odd", decision="yes"), None, 0)
-    assert decision == base.cannot_tell("its check returned 'yes'")
-    assert core.decide(Fake("none"), None, 0) == base.cannot_tell("its check returned None")
+    decision = outcome.decide(Fake("odd", decision="yes"), None, 0)
+    assert decision == patching.cannot_tell("its check returned 'yes'")
+    assert outcome.decide(Fake("none"), None, 0) == patching.cannot_tell("its check returned None")
 
 
 def test_a_check_that_raises_cannot_tell_unless_its_target_is_missing():
-    assert core.decide(Fake("raises", raises=ValueError("boom")), None, 0) \
-        == base.cannot_tell("its check raised ValueError: boom")
+    assert outcome.decide(Fake("raises", raises=ValueError("boom")), None, 0) \
+        == patching.cannot_tell("its check raised ValueError: boom")
     with pytest.raises(base.PatchError, match="Thing.first not found"):
-        core.decide(Fake("missing", raises=base.PatchError("Thing.first not found")), None, 0)
-    decision = base.needed("the bug is there")
-    assert core.decide(Fake("needed", decision), None, 0) is decision
+        outcome.decide(Fake("missing", raises=base.PatchError("Thing.first not found")), None, 0)
+    decision = patching.needed("the bug is there")
+    assert outcome.decide(Fake("needed", decision), None, 0) is decision
 
 
 def test_the_check_gets_the_optimize_level_asked_or_this_interpreters():
@@ -35,8 +35,8 @@ def test_the_check_gets_the_optimize_level_asked_or_this_interpreters():
     class Probe(Fake):
         def check(self, module, optimize):
             seen.append((module, optimize))
-            return base.fixed("ok")
+            return patching.fixed("ok")
 
-    core.decide(Probe("p"), "mod", 2)
-    core.decide(Probe("p"), "mod")
+    outcome.decide(Probe("p"), "mod", 2)
+    outcome.decide(Probe("p"), "mod")
     assert seen == [("mod", 2), ("mod", sys.flags.optimize)]

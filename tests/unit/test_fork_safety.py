@@ -43,7 +43,7 @@ from kimi_hotfix import core, hardening, state, wrapping
 
 def first_call():
     # a new OnFirstCall each time, never called in this process
-    ctx = wrapping.PatchContext("standin", [], core.load_wrapt, state.wrapper_failed)
+    ctx = wrapping.PatchContext("standin", [], core.load_wrapt, core.wrapper_failed, core.spent)
     wrapper = hardening.OnFirstCall(ctx, [hsample.getter]).wrapper(hsample.getter)
     return lambda: wrapper(hsample.getter, None, (), {})
 

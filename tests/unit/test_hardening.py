@@ -32,7 +32,7 @@ def outcome(call):
 
 out["unpatched"] = [outcome(hsample.getter), outcome(lambda: hsample.Config(5).check(3))]
 records = []
-ctx = wrapping.PatchContext("standin", records, core.load_wrapt, state.wrapper_failed)
+ctx = wrapping.PatchContext("standin", records, core.load_wrapt, core.wrapper_failed, core.spent)
 lazy = hardening.OnFirstCall(ctx, [hsample.getter, check])
 out["built_before_call"] = lazy.impls is not None
 ctx.wrap(hsample, "getter", lazy.wrapper(hsample.getter))
@@ -54,7 +54,7 @@ def broken():
     assert STATE is None, "never"
 broken.__code__ = hsample.no_assert.__code__.replace(co_name="broken")
 failing = hardening.OnFirstCall(
-    wrapping.PatchContext("standin-broken", [], core.load_wrapt, state.wrapper_failed),
+    wrapping.PatchContext("standin-broken", [], core.load_wrapt, core.wrapper_failed, core.spent),
     [hsample.getter])
 failing.funcs = [broken]
 wrapper = failing.wrapper(broken)

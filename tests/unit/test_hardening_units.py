@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from kimi_hotfix import hardening, state
+from kimi_hotfix import core, hardening, state
 from kimi_hotfix.base import PatchError
 
 SOURCE = '''
@@ -39,6 +39,9 @@ class Ctx:
 
     def failed(self, exc, instead):
         self.failures.append((exc, instead))
+
+    def spent(self, phase, seconds):  # the core's account (core.spent), as PatchContext passes it
+        core.spent(phase, seconds)
 
 
 @pytest.fixture

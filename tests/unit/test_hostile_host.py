@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_hotfix import metrics
+from kimi_hotfix import metrics, scrape
 
 from helpers import REPO, STANDINS, hermetic_env
 
@@ -100,7 +100,7 @@ def test_a_scrape_serves_only_live_records_whatever_the_directory_holds(entries)
         plant(root, entries, victim)
         before = set(os.listdir(root))
         metrics._pod = root
-        records = metrics._pod_records()  # never raises
+        records = scrape._pod_records()  # never raises
         assert records[0]["pid"] == os.getpid()
         served = {rec["pid"]: rec for rec in records[1:]}
         assert set(served) == {PARENT}, served  # the label from the name, not the contents
@@ -108,7 +108,7 @@ def test_a_scrape_serves_only_live_records_whatever_the_directory_holds(entries)
         removed = before - set(os.listdir(root))
         for name in removed:  # only names of this module, this namespace, a process gone
             found = metrics.RECORD.fullmatch(name)
-            assert found and found.group(3) == NS and metrics._alive(int(found.group(1)),
+            assert found and found.group(3) == NS and scrape._alive(int(found.group(1)),
                                                                      found.group(2)) is False, name
         assert os.path.exists(victim) and "Victim" in open(victim).read()
     finally:

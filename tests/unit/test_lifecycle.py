@@ -23,7 +23,7 @@ import pytest
 from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python, summaries, warning_lines
 
 PRELUDE = (f"import os, sys, threading, time\nsys.path.append({str(STANDINS)!r})\n"
-           "import fakes\nfrom fakes import Fake\nfrom kimi_hotfix import base, core, state\n")
+           "import fakes\nfrom fakes import Fake\nfrom kimi_hotfix import base, core, patching, state\n")
 
 
 def run(tmp_path, code, names, timeout=120, **env):
@@ -44,7 +44,7 @@ def run_strict_or_not(tmp_path, code, names, strict):
 
 
 UNDO = r'''
-a, b = Fake("a", base.needed("x")), Fake("b", base.needed("x"))
+a, b = Fake("a", patching.needed("x")), Fake("b", patching.needed("x"))
 fakes.register(a, b)
 core.arm("test")
 import standin_a
@@ -83,8 +83,8 @@ def test_undo_covers_pending_patches_and_names_what_it_could_not_restore(tmp_pat
 
 
 CONFLICT = r'''
-fakes.register(Fake("owner", base.needed("x"), target="standin_shared", attrs=("first",)),
-               Fake("second", base.needed("x"), target="standin_shared", attrs=("second", "first")))
+fakes.register(Fake("owner", patching.needed("x"), target="standin_shared", attrs=("first",)),
+               Fake("second", patching.needed("x"), target="standin_shared", attrs=("second", "first")))
 core.arm("test")
 try:
     import standin_shared
@@ -116,7 +116,7 @@ class BrokenWrapt:
     def register_post_import_hook(self, hook, name):
         raise RuntimeError("hook registry broken")
 core.load_wrapt = BrokenWrapt
-fakes.register(Fake("a", base.needed("x")))
+fakes.register(Fake("a", patching.needed("x")))
 try:
     core.arm("test")
     out = {"arm": "returned"}
@@ -143,8 +143,9 @@ def test_arming_failure_reads_failed_with_its_reason(tmp_path, strict):
 HOOK_FAILS = r'''
 def broken(*args):
     raise KeyError("the shim's own bug")
-core._decide_and_apply = broken
-fakes.register(Fake("a", base.needed("x")))
+from kimi_hotfix import outcome
+outcome.apply = broken
+fakes.register(Fake("a", patching.needed("x")))
 core.arm("test")
 try:
     import standin_a
@@ -167,7 +168,7 @@ def test_hook_failure_reads_failed_and_strict_fails_the_import(tmp_path, strict)
 
 
 NEVER_RAN = r'''
-fakes.register(Fake("a", base.needed("x")), Fake("b", base.needed("x")))
+fakes.register(Fake("a", patching.needed("x")), Fake("b", patching.needed("x")))
 core.arm("test")
 core.settle = lambda name, module: None   # the hook runs, but settles nothing
 import standin_a
@@ -184,7 +185,7 @@ def test_imported_target_whose_patch_never_ran_reads_failed_at_exit(tmp_path):
 
 FORK = r'''
 reached, go = fakes.events()
-fakes.register(Fake("slow", base.needed("x"), pause=(reached, go)))
+fakes.register(Fake("slow", patching.needed("x"), pause=(reached, go)))
 core.arm("test")
 worker = threading.Thread(target=__import__, args=("standin_slow",))
 worker.start()
@@ -238,7 +239,7 @@ class Thing:
 """
 MID_IMPORT = r'''
 import json
-fakes.register(Fake("slow", base.needed("stand-in"), target="slow_target",
+fakes.register(Fake("slow", patching.needed("stand-in"), target="slow_target",
                     apply_fails=os.environ.get("FAIL") == "1"))
 result = {}
 def importer():
@@ -292,7 +293,7 @@ def test_arming_while_another_thread_imports_a_target(tmp_path, case):
 
 
 JSON_LOG = r'''
-a = Fake("a", base.needed("x"))
+a = Fake("a", patching.needed("x"))
 fakes.register(a)
 core.arm("test")
 import standin_a

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from kimi_hotfix import messages
+from kimi_hotfix import identity
 
 
 def test_the_main_process_without_a_title_is_main():
-    assert messages.role() == "main"  # pytest's process: MainProcess, a path in its title
+    assert identity.role() == "main"  # pytest's process: MainProcess, a path in its title
 
 
 @pytest.mark.parametrize("title, role", [
@@ -34,11 +34,11 @@ def test_title_role_reads_vllms_process_title(title, role):
                 if f.read().split(b"\0", 1)[0] == title.encode():
                     break
             time.sleep(0.01)
-        assert messages.title_role(proc.pid) == role
+        assert identity.title_role(proc.pid) == role
     finally:
         proc.kill()
         proc.wait()
 
 
 def test_title_role_of_no_such_process_is_empty():
-    assert messages.title_role(2 ** 22 + 17) == ""  # above any pid_max: nothing to read
+    assert identity.title_role(2 ** 22 + 17) == ""  # above any pid_max: nothing to read

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from kimi_hotfix import config, metrics, state
+from kimi_hotfix import config, core, metrics, scrape, state, versions
 
 
 def good():
@@ -23,13 +23,13 @@ def good():
 
 
 def test_shape_accepts_a_record_and_refuses_each_bad_part():
-    assert metrics._shape(good()) is True
-    assert metrics._shape(dict(good(), cost={})) is True  # phases not reached yet
+    assert scrape._shape(good()) is True
+    assert scrape._shape(dict(good(), cost={})) is True  # phases not reached yet
     bad = [dict(good(), role=1), dict(good(), states={"kv_spec_merge": "sideways"}),
            dict(good(), states=[]), dict(good(), cost=[]), dict(good(), cost={"arm": "x"}),
            dict(good(), info=dict(good()["info"], vllm=None)), dict(good(), info=None), [], None]
     for rec in bad:
-        assert metrics._shape(rec) is False, rec
+        assert scrape._shape(rec) is False, rec
 
 
 def test_record_name_needs_a_start_time_and_a_namespace(monkeypatch):
@@ -42,10 +42,10 @@ def test_record_name_needs_a_start_time_and_a_namespace(monkeypatch):
 
 def test_the_vllm_version_is_the_loaded_modules(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.29.0+cpu"))
-    assert metrics._vllm_version() == "0.29.0+cpu"
+    assert versions.vllm_version() == "0.29.0+cpu"
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__=""))
     monkeypatch.setitem(sys.modules, "vllm.version", types.SimpleNamespace(__version__="0.30.0"))
-    assert metrics._vllm_version() == "0.30.0"
+    assert versions.vllm_version() == "0.30.0"
 
 
 @pytest.mark.parametrize("switch, enabled", [(None, "true"), ("1", "true"), ("0", "false")])
@@ -53,15 +53,16 @@ def test_record_says_what_this_process_exports(monkeypatch, switch, enabled):
     cfg = None if switch is None else config.parse(["kv_spec_merge"], environ={"KIMI_HOTFIX": switch})
     monkeypatch.setattr(state, "_config", cfg)
     monkeypatch.setattr(state, "_armed_by", ["plugin", "sitecustomize", "plugin"])
-    monkeypatch.setattr(metrics, "_version", "9.9.9")
+    monkeypatch.setattr(core, "__version__", "9.9.9")
+    monkeypatch.setattr(metrics, "_told", core.snapshot())  # what the core tells it
     rec = metrics.record()
     assert rec["pid"] == os.getpid() and rec["role"] == "main"
     assert rec["info"]["version"] == "9.9.9" and rec["info"]["enabled"] == enabled
     assert rec["info"]["armed_by"] == "plugin,sitecustomize"  # each once, in order
-    assert sorted(rec["info"]) == sorted(metrics.INFO_LABELS) and metrics._shape(rec) is True
+    assert sorted(rec["info"]) == sorted(metrics.INFO_LABELS) and scrape._shape(rec) is True
 
 
 def test_the_process_answering_a_scrape_is_the_api_server(monkeypatch):
     monkeypatch.setattr(metrics, "_pod", None)
-    (me,) = metrics._pod_records()
+    (me,) = scrape._pod_records()
     assert me["role"] == "APIServer" and me["pid"] == os.getpid()

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from kimi_hotfix import base, core, docs, messages
-from kimi_hotfix.patches import PATCH_MODULES
+from kimi_hotfix import core, docs, messages, patching
+from kimi_hotfix.patches import PATCH_MODULES, PATCHES
 
 from helpers import REPO
 
@@ -24,6 +24,16 @@ def test_registry_lists_every_patch_module_once():
                          p.is_dir() and (p / "__init__.py").exists() or p.suffix == ".py"))
     assert sorted(PATCH_MODULES) == sorted(n[:-3] if n.endswith(".py") else n for n in on_disk)
     assert list(core.patch_names()) == list(PATCH_MODULES)
+
+
+def test_the_table_names_each_patch_and_its_own_target():
+    """Arming reads the table (kimi_hotfix.patches.PATCHES), not the modules:
+    each row is its module's PATCH, with that PATCH's own target."""
+    from kimi_hotfix import registry
+
+    for name, target in PATCHES.items():
+        patch = registry.get(name)
+        assert (patch.name, patch.target) == (name, target), name
 
 
 def test_no_patch_name_outside_the_patches():
@@ -46,7 +56,7 @@ def test_each_patch_module_documents_itself(name):
     for section in HEADER:
         assert section in doc, f"{name}: header lacks {section!r}"
     patch = core.patches()[name]
-    assert isinstance(patch, base.Patch) and patch.name == name
+    assert isinstance(patch, patching.Patch) and patch.name == name
     for attr in ("target", "upstream", "summary", "decides", "probe_title"):
         assert getattr(patch, attr), f"{name}.{attr} is empty"
     assert patch.wraps and patch.symptoms
@@ -104,11 +114,11 @@ def test_no_patch_imports_core():
 
 def test_patch_is_an_abstract_base_class():
     with pytest.raises(TypeError):
-        base.Patch()
+        patching.Patch()
 
-    class NoProbe(base.Patch):
+    class NoProbe(patching.Patch):
         def check(self, module, optimize):
-            return base.needed("x")
+            return patching.needed("x")
 
         def apply(self, module, ctx):
             return None

@@ -10,14 +10,17 @@ import types
 
 import pytest
 
-from kimi_hotfix import registry
-from kimi_hotfix.base import Patch, PatchError
+from kimi_hotfix import patching, registry
+from kimi_hotfix.base import PatchError
+from kimi_hotfix.patches import PATCHES
+from kimi_hotfix.patching import Patch
 
 
 @pytest.fixture
 def fresh(monkeypatch):
     """A registry of its own: the package's patches, plus whatever a test adds."""
     monkeypatch.setattr(registry, "_patches", dict(registry.patches()))
+    monkeypatch.setattr(registry, "_targets", dict(registry._targets))
     return registry
 
 
@@ -26,16 +29,16 @@ def test_a_module_whose_patch_is_not_a_patch_is_unloadable(monkeypatch):
     fake.PATCH = object()
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     patch = registry._load("kimi_test_notapatch")
-    assert isinstance(patch, registry.Unloadable)
+    assert isinstance(patch, patching.Unloadable)
     assert patch.name == "kimi_test_notapatch"
     assert patch.module == "kimi_hotfix.patches.kimi_test_notapatch"
     assert patch.error.startswith(
-        "TypeError: kimi_hotfix.patches.kimi_test_notapatch.PATCH is not a base.Patch")
+        "TypeError: kimi_hotfix.patches.kimi_test_notapatch.PATCH is not a patching.Patch")
 
 
 def test_a_module_that_cannot_be_imported_is_unloadable_with_its_cause():
     patch = registry._load("kimi_test_missing")
-    assert isinstance(patch, registry.Unloadable) and patch.name == "kimi_test_missing"
+    assert isinstance(patch, patching.Unloadable) and patch.name == "kimi_test_missing"
     assert patch.error == "ModuleNotFoundError: No module named 'kimi_hotfix.patches.kimi_test_missing'"
     why = f"cannot load kimi_hotfix.patches.kimi_test_missing ({patch.error})"
     assert patch.why == why
@@ -53,15 +56,15 @@ def test_a_module_that_cannot_be_imported_is_unloadable_with_its_cause():
 def test_a_loadable_module_gives_its_patch():
     name = registry.names()[0]
     assert registry._load(name) is registry.get(name) and not isinstance(registry.get(name),
-                                                                         registry.Unloadable)
+                                                                         patching.Unloadable)
 
 
 def test_add_registers_a_patch_and_refuses_anything_else(fresh):
-    extra = registry.Unloadable("kimi_test_extra", ValueError("boom"))
+    extra = patching.Unloadable("kimi_test_extra", ValueError("boom"))
     assert isinstance(extra, Patch)
     fresh.add(extra)
     assert fresh.get("kimi_test_extra") is extra and fresh.names()[-1] == "kimi_test_extra"
     assert fresh.unloadable() == {"kimi_test_extra": extra}
-    with pytest.raises(TypeError, match="is not a base.Patch"):
+    with pytest.raises(TypeError, match="is not a patching.Patch"):
         fresh.add(object())
-    assert "kimi_test_extra" in fresh.names() and len(fresh.names()) == len(registry.PATCH_MODULES) + 1
+    assert "kimi_test_extra" in fresh.names() and len(fresh.names()) == len(PATCHES) + 1

@@ -1,6 +1,7 @@
 """A target module re-imported after its patch applied (importlib.reload, or
 removed from sys.modules and imported afresh): the patch settles again on the
-new objects, its state says so, what it wrapped before stays wrapped, and
+new objects during that import (before anything reads the states), its state
+says so, what it wrapped before stays wrapped, and
 undo() puts back both. Child interpreters with stand-in patches (fakes.py),
 as in test_states.py."""
 
@@ -14,12 +15,12 @@ CHILD = f"import sys\nsys.path.append({str(STANDINS)!r})\n" + r'''
 import importlib
 import fakes
 from fakes import Fake
-from kimi_hotfix import base, core, state, wrapping
+from kimi_hotfix import base, core, state, wrapping, patching
 
-fakes.register(Fake("reloaded", base.needed("the bug is there")),
-               Fake("fresh", base.needed("the bug is there")),
-               Fake("untouched", base.needed("the bug is there")),
-               Fake("unsure", base.cannot_tell("no source")))
+fakes.register(Fake("reloaded", patching.needed("the bug is there")),
+               Fake("fresh", patching.needed("the bug is there")),
+               Fake("untouched", patching.needed("the bug is there")),
+               Fake("unsure", patching.cannot_tell("no source")))
 core.arm("test")
 
 
@@ -31,10 +32,12 @@ mods = {n: importlib.import_module("standin_" + n) for n in ("reloaded", "fresh"
 old = {n: m.Thing for n, m in mods.items()}
 out = {"before": states()}
 importlib.reload(mods["reloaded"])
+out["reloaded_unread"] = fakes.installed("standin_reloaded")  # before anything reads the states
 importlib.reload(mods["unsure"])
 del sys.modules["standin_fresh"]
 out["removed"] = states()["fresh"]  # removed, not imported again yet: still in use
 importlib.import_module("standin_fresh")
+out["fresh_unread"] = fakes.installed("standin_fresh")
 out["after"] = states()
 out["new_wrapped"] = {n: fakes.installed("standin_" + n) for n in ("reloaded", "fresh")}
 out["old_wrapped"] = {n: [a for a in ("first", "second") if wrapping.is_wrapped(vars(old[n])[a])]
@@ -63,6 +66,8 @@ def test_a_reimported_target_settles_again_and_undo_restores_both(tmp_path):
     unsure = out["before"].pop("unsure")
     assert out["before"] == {"reloaded": applied, "fresh": applied, "untouched": applied}
     assert out["removed"] == applied  # removed, not imported again yet: nothing to settle
+    # settled where the import happened, not when the states were read next
+    assert out["reloaded_unread"] == out["fresh_unread"] == ["first", "second"]
     again = "applied (settled again: standin_{} was re-imported)"
     assert out["after"] == {"reloaded": ["applied", again.format("reloaded")],
                             "fresh": ["applied", again.format("fresh")], "untouched": applied,

@@ -1,7 +1,9 @@
-"""kimi_hotfix.state in-process, on a snapshot of its tables (restored after
-each test): what ``fail_pending``, ``records``, ``begin``/``finish`` and
-``mark_undone`` do to each kind of state. The same through arming, in child
-interpreters: test_states.py and test_lifecycle.py."""
+"""kimi_hotfix.state (the store) and the core's policies on it, in-process,
+on a snapshot of its tables (restored after each test): what ``records``,
+``begin``/``end`` and ``mark_undone`` do to each kind of state, and what the
+core's ``_fail_pending``, summary line and undo-during-apply make of them.
+The same through arming, in child interpreters: test_states.py and
+test_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import sys
 
 import pytest
 
-from kimi_hotfix import registry, state
+from kimi_hotfix import core, registry, state
 from kimi_hotfix.base import Kind, State
+from kimi_hotfix.patching import Patch
 
 
 @pytest.fixture
@@ -20,6 +23,7 @@ def tables(monkeypatch):
     state._states.clear()
     state._records.clear()
     state._settling.clear()
+    monkeypatch.setattr(state, "_names", registry.names())
     return state
 
 
@@ -27,15 +31,15 @@ def test_fail_pending_fails_the_pending_and_the_never_settled(tables):
     first, second, *rest = registry.names()
     tables._states[first] = State(Kind.APPLIED, "the bug is there")
     tables._states[second] = State(Kind.PENDING)
-    tables._states["kimi_test_extra"] = State(Kind.PENDING)  # added beside the registry
-    tables._states["kimi_test_done"] = State(Kind.DISABLED, "KIMI_HOTFIX_DISABLE")
-    failed = tables.fail_pending("wrapt is not installed")
-    assert failed == [second, *rest, "kimi_test_extra"]  # registry order, then the others
-    for name in failed:
+    tables._states[rest[0]] = State(Kind.DISABLED, "KIMI_HOTFIX_DISABLE")
+    core._fail_pending("wrapt is not installed")  # rest[1:]: no state yet, so pending
+    for name in [second, *rest[1:]]:
         assert tables.get(name) == State(Kind.FAILED, "wrapt is not installed")
     assert tables.get(first) == State(Kind.APPLIED, "the bug is there")
-    assert tables.get("kimi_test_done").kind == Kind.DISABLED
-    assert tables.fail_pending("again") == []  # nothing pending is left
+    assert tables.get(rest[0]).kind == Kind.DISABLED
+    before = tables.states()
+    core._fail_pending("again")  # nothing pending is left
+    assert tables.states() == before
 
 
 def test_records_of_a_patch_that_installed_nothing_is_empty(tables):
@@ -54,25 +58,28 @@ def test_begin_claims_only_a_pending_patch_once(tables):
     assert tables.begin("kimi_b") is None
     token = tables.begin("kimi_a")
     assert token is not None and tables.begin("kimi_a") is None  # claimed
-    tables.finish("kimi_a", token, State(Kind.APPLIED, "done"))
+    assert tables.end("kimi_a", token, State(Kind.APPLIED, "done")) is False
     assert tables.get("kimi_a") == State(Kind.APPLIED, "done") and "kimi_a" not in tables._settling
+
+
+UNDONE = State(Kind.DISABLED, "undone", undone=True)
 
 
 def test_mark_undone_by_kind(tables):
     tables._states.update(kimi_pending=State(Kind.PENDING), kimi_applied=State(Kind.APPLIED, "x"),
                           kimi_failed=State(Kind.FAILED, "y"))
-    assert tables.mark_undone("kimi_pending") is None
-    assert tables.get("kimi_pending") == State(Kind.DISABLED, "undone", undone=True)
-    assert tables.mark_undone("kimi_never") is None  # no state yet: pending, so it stays off
-    assert tables.get("kimi_never") == State(Kind.DISABLED, "undone", undone=True)
-    assert tables.mark_undone("kimi_applied") == "installed"
+    assert tables.mark_undone("kimi_pending", UNDONE) is None
+    assert tables.get("kimi_pending") == UNDONE
+    assert tables.mark_undone("kimi_never", UNDONE) is None  # no state yet: pending, so it stays off
+    assert tables.get("kimi_never") == UNDONE
+    assert tables.mark_undone("kimi_applied", UNDONE) == State(Kind.APPLIED, "x")
     assert tables.get("kimi_applied") == State(Kind.APPLIED, "x")  # the caller restores, then says
-    assert tables.mark_undone("kimi_failed") not in (None, "installed")
+    assert tables.mark_undone("kimi_failed", UNDONE) == State(Kind.FAILED, "y")
     tables._states["kimi_settling"] = State(Kind.PENDING)
     token = tables.begin("kimi_settling")  # being applied in this thread
-    assert tables.mark_undone("kimi_settling") is None and token.undone is True
-    tables.finish("kimi_settling", token, State(Kind.APPLIED, "done"))  # undo wins
-    assert tables.get("kimi_settling") == State(Kind.DISABLED, "undone", undone=True)
+    assert tables.mark_undone("kimi_settling", UNDONE) is None and token.undone is True
+    assert tables.end("kimi_settling", token, State(Kind.APPLIED, "done")) is True  # undo wins
+    assert tables.get("kimi_settling") == UNDONE
     assert tables.records("kimi_settling") == []
 
 
@@ -83,14 +90,14 @@ def test_the_summary_and_its_json_fields_name_every_patch_pending_until_settled(
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
     first, *rest = registry.names()
     tables._states[first] = State(Kind.APPLIED, "the bug is there")
-    line = tables.summary_line()
+    line = core.summary_line()
     assert "(vllm not installed, " in line
     assert f"{first}: applied" in line and all(f"{name}: pending" in line for name in rest)
-    fields = tables._fields()
+    fields = core._fields()
     assert fields["vllm"] is None
     assert fields["states"] == {first: "applied (the bug is there)", **{name: "pending" for name in rest}}
     monkeypatch.setitem(sys.modules, "vllm", object())  # imported, no version found
-    assert "(vllm version unknown, " in tables.summary_line()
+    assert "(vllm version unknown, " in core.summary_line()
 
 
 class Thing:
@@ -98,15 +105,37 @@ class Thing:
         return "own"
 
 
-def test_an_undo_during_apply_names_what_it_could_not_restore(tables, caplog):
-    from kimi_hotfix import wrapping
+class HalfwayUndone(Patch):
+    """A patch whose apply is undone (another thread's undo()) before it returns,
+    and whose wrapper something replaced since."""
+
+    name, target = "kimi_halfway", "kimi_test_halfway_target"
+
+    def check(self, module, optimize):
+        from kimi_hotfix import patching
+
+        return patching.needed("x")
+
+    def apply(self, module, ctx):
+        from kimi_hotfix import wrapping
+
+        ctx.records.append(wrapping.Record(Thing, "first", vars(Thing)["first"], object()))
+        core.undo("kimi_halfway")
+        return None
+
+    def probe(self):
+        raise NotImplementedError
+
+
+def test_an_undo_during_apply_names_what_it_could_not_restore(tables, monkeypatch):
+    from kimi_hotfix import config
 
     own = vars(Thing)["first"]
+    monkeypatch.setattr(state, "_config", config.parse(()))
+    monkeypatch.setattr(registry, "_targets", {"kimi_halfway": HalfwayUndone.target})
+    monkeypatch.setattr(registry, "_patches", {"kimi_halfway": HalfwayUndone()})
     tables._states["kimi_halfway"] = State(Kind.PENDING)
-    token = tables.begin("kimi_halfway")
-    token.records.append(wrapping.Record(Thing, "first", own, object()))  # its wrapper: gone since
-    tables.mark_undone("kimi_halfway")
-    tables.finish("kimi_halfway", token, State(Kind.APPLIED, "done"))
+    core.settle("kimi_halfway", sys)
     assert tables.get("kimi_halfway") == State(
         Kind.DISABLED, "undone; could not restore Thing.first (replaced since)", undone=True)
     assert vars(Thing)["first"] is own

@@ -24,26 +24,26 @@ import os
 
 import pytest
 
-from kimi_hotfix import base
+from kimi_hotfix import base, patching
 
 from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python, summaries, warning_lines
 
 PRELUDE = f"import sys\nsys.path.append({str(STANDINS)!r})\nimport fakes\nfrom fakes import Fake\n" \
-          "from kimi_hotfix import base, core, state\n"
+          "from kimi_hotfix import base, core, patching, state\n"
 NAMES = ("needed", "fixed", "absent", "unknown", "raises", "missing", "halfway", "forced",
          "unsure_broken", "never")
 CHILD = PRELUDE + r'''
 PATCHES = [
-    Fake("needed", base.needed("the bug is there")),
-    Fake("fixed", base.fixed("upstream does it")),
-    Fake("absent", base.absent("no such feature")),
-    Fake("unknown", base.cannot_tell("no source")),
+    Fake("needed", patching.needed("the bug is there")),
+    Fake("fixed", patching.fixed("upstream does it")),
+    Fake("absent", patching.absent("no such feature")),
+    Fake("unknown", patching.cannot_tell("no source")),
     Fake("raises", raises=ValueError("probe exploded")),
     Fake("missing", raises=base.PatchError("Thing.first not found")),
-    Fake("halfway", base.needed("the bug is there"), apply_fails=True),
-    Fake("forced", base.fixed("upstream does it")),
-    Fake("unsure_broken", base.cannot_tell("no source"), apply_fails=True),
-    Fake("never", base.needed("never imported")),
+    Fake("halfway", patching.needed("the bug is there"), apply_fails=True),
+    Fake("forced", patching.fixed("upstream does it")),
+    Fake("unsure_broken", patching.cannot_tell("no source"), apply_fails=True),
+    Fake("never", patching.needed("never imported")),
 ]
 fakes.register(*PATCHES)
 core.arm("test")
@@ -136,7 +136,7 @@ def test_strict_mode_raises_when_a_check_cannot_tell(tmp_path):
 
 
 WRAPPER = PRELUDE + r'''
-patch = Fake("some_patch", base.needed("x"), attrs=("first",))
+patch = Fake("some_patch", patching.needed("x"), attrs=("first",))
 fakes.register(patch)
 core.arm("test")
 import standin_some_patch
@@ -199,12 +199,12 @@ def test_unknown_state_kind_raises():
     with pytest.raises(ValueError):
         base.State("undone")
     with pytest.raises(ValueError):
-        base.Decision("maybe", "x")
+        patching.Decision("maybe", "x")
 
 
 def test_decisions():
-    decisions = (base.needed("a"), base.fixed("b"), base.absent("c"), base.cannot_tell("d"))
+    decisions = (patching.needed("a"), patching.fixed("b"), patching.absent("c"), patching.cannot_tell("d"))
     assert [d.applies for d in decisions] == [True, False, False, True]
-    assert [d.verdict for d in decisions] == list(base.Verdict)
-    assert base.ProbeResult(ok=False, cases={"a": "b"}, error="e").as_dict() == {
+    assert [d.verdict for d in decisions] == list(patching.Verdict)
+    assert patching.ProbeResult(ok=False, cases={"a": "b"}, error="e").as_dict() == {
         "ok": False, "detail": "", "cases": {"a": "b"}, "affected": True, "error": "e"}

@@ -45,15 +45,20 @@ and warns (with RecoverSSM off the wrapper passes every call through).
 from __future__ import annotations
 
 import ast
+import importlib
 
-from kimi_hotfix import base, recompile, wrapping
-
-# imported here, not in check(): a broken copy fails this patch as it loads
-# (``failed``), not as a check that "cannot tell" and applies anyway
-from kimi_hotfix.patches import _recoverssm
+from kimi_hotfix import base, patching, recompile, wrapping
 
 FIELD = "use_kda_recoverssm"
 INSTEAD = "vLLM's own capture plan is used"
+
+
+def has_recoverssm() -> bool:
+    """Does this vLLM have RecoverSSM at all (``CacheConfig.use_kda_recoverssm``,
+    a dataclass field: read from the class, not from any text)? The probes of
+    this patch and of kda_overlong_rows ask it too (kimi_hotfix.patches._recoverssm)."""
+    cache_config = importlib.import_module("vllm.config").CacheConfig
+    return FIELD in getattr(cache_config, "__dataclass_fields__", {})
 
 
 class ClampedCompilationConfig:
@@ -175,7 +180,7 @@ def bounds_in(tree) -> bool:
     return False
 
 
-class CaptureWorkspacePatch(base.Patch):
+class CaptureWorkspacePatch(patching.Patch):
     name = "capture_workspace"
     target = "vllm.v1.worker.gpu.cudagraph_utils"
     wraps = ("CudaGraphManager._init_candidates",)
@@ -201,24 +206,22 @@ class CaptureWorkspacePatch(base.Patch):
 
     def check(self, module, optimize):
         _, method = self._method(module)
-        if not _recoverssm.has_recoverssm():
-            return base.absent("this vLLM has no RecoverSSM (no CacheConfig.use_kda_recoverssm)")
+        if not has_recoverssm():
+            return patching.absent("this vLLM has no RecoverSSM (no CacheConfig.use_kda_recoverssm)")
         try:
             bounded = bounds_mixed_captures(method)
         except base.PatchError as exc:
-            return base.cannot_tell(str(exc))
+            return patching.cannot_tell(str(exc))
         if bounded:
-            return base.fixed("_init_candidates bounds mixed captures for RecoverSSM")
-        return base.needed("_init_candidates plans mixed graphs above the RecoverSSM workspace")
+            return patching.fixed("_init_candidates bounds mixed captures for RecoverSSM")
+        return patching.needed("_init_candidates plans mixed graphs above the RecoverSSM workspace")
 
     def apply(self, module, ctx):
         manager, _ = self._method(module)
         ctx.wrap(manager, "_init_candidates", make_wrapper(ctx))
 
     def probe(self):
-        from kimi_hotfix.patches.capture_workspace import probe
-
-        return probe.run()
+        return patching.run_probe(self)  # probe.py, beside this file
 
 
 PATCH = CaptureWorkspacePatch()

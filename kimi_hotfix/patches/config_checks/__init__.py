@@ -53,7 +53,7 @@ nothing to recompile: ``failed`` (vLLM's own methods run).
 
 from __future__ import annotations
 
-from kimi_hotfix import base, hardening
+from kimi_hotfix import base, hardening, patching
 
 NOTE = "parity: refuses what plain Python refuses"  # in the state: no new failure
 CHECKED = ("__post_init__", "_set_cudagraph_sizes", "_set_compile_ranges", "validate_block_size")
@@ -78,19 +78,19 @@ def asserted(module) -> dict:
     return {name: hardening.checks(func) for name, func in methods(module).items()}
 
 
-def decide(module, optimize) -> base.Decision:
+def decide(module, optimize) -> patching.Decision:
     if not any(name in vars(config_class(module)) for name in CHECKED):
-        return base.absent(f"VllmConfig defines none of {', '.join(CHECKED)} in this vLLM")
+        return patching.absent(f"VllmConfig defines none of {', '.join(CHECKED)} in this vLLM")
     if not optimize:  # decided without reading source: every process pays this check
-        return base.absent("python without -O keeps VllmConfig's asserts")
+        return patching.absent("python without -O keeps VllmConfig's asserts")
     found = asserted(module)
     unknown = sorted(name for name, count in found.items() if count is None)
     if unknown:
-        return base.cannot_tell(f"source of VllmConfig.{', '.join(unknown)} unavailable")
+        return patching.cannot_tell(f"source of VllmConfig.{', '.join(unknown)} unavailable")
     guarded = [name for name, count in found.items() if count]
     if not guarded:
-        return base.fixed("VllmConfig checks without assert (type-narrowing asserts aside)")
-    return base.needed(f"-O strips the asserts of VllmConfig.{', VllmConfig.'.join(guarded)}")
+        return patching.fixed("VllmConfig checks without assert (type-narrowing asserts aside)")
+    return patching.needed(f"-O strips the asserts of VllmConfig.{', VllmConfig.'.join(guarded)}")
 
 
 def install(module, ctx):
@@ -102,7 +102,7 @@ def install(module, ctx):
     return NOTE
 
 
-class ConfigChecksPatch(base.Patch):
+class ConfigChecksPatch(patching.Patch):
     name = "config_checks"
     target = "vllm.config.vllm"
     wraps = tuple(f"VllmConfig.{n}" for n in CHECKED)
@@ -122,10 +122,6 @@ class ConfigChecksPatch(base.Patch):
     def apply(self, module, ctx):
         return install(module, ctx)
 
-    def probe(self):
-        from kimi_hotfix.patches.config_checks import probe
-
-        return probe.run()
 
     def expect(self, version, optimize):
         if version is None:
@@ -133,6 +129,9 @@ class ConfigChecksPatch(base.Patch):
         if not optimize:
             return self.expect_plain_unaffected(version, "VllmConfig's asserts are live")
         return self.expect_optimized(version, "VllmConfig")
+
+    def probe(self):
+        return patching.run_probe(self)  # probe.py, beside this file
 
 
 PATCH = ConfigChecksPatch()

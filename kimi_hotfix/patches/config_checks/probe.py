@@ -9,7 +9,7 @@ Python does.
 
 from __future__ import annotations
 
-from kimi_hotfix.base import ProbeResult
+from kimi_hotfix.patching import ProbeResult
 
 CASE = {"decode_context_parallel_size": 8, "block_size": 64, "cp_kv_cache_interleave_size": 128}
 

@@ -35,7 +35,7 @@ the shim installs beneath it (kimi_hotfix.wrapping.chain).
 
 from __future__ import annotations
 
-from kimi_hotfix import base, hardening
+from kimi_hotfix import hardening, patching
 
 GETTER = "get_inner_dp_world_group"
 
@@ -44,20 +44,20 @@ def getter(module):
     return hardening.require(module, GETTER)
 
 
-def decide(module, optimize) -> base.Decision:
+def decide(module, optimize) -> patching.Decision:
     """The decision, from the loaded parallel_state module (plain function:
     ported as is)."""
     if GETTER not in vars(module):
-        return base.absent(f"no {GETTER} in this vLLM")
+        return patching.absent(f"no {GETTER} in this vLLM")
     if not optimize:
-        return base.absent("python without -O keeps the getter's assert: the CPU-offload "
+        return patching.absent("python without -O keeps the getter's assert: the CPU-offload "
                            "barrier's fallback works")
     count = hardening.asserts(getter(module))
     if count is None:
-        return base.cannot_tell(f"source of {GETTER} unavailable")
+        return patching.cannot_tell(f"source of {GETTER} unavailable")
     if count == 0:
-        return base.fixed(f"{GETTER} checks without assert")
-    return base.needed(f"-O strips {GETTER}'s assert: the CPU-offload barrier gets None "
+        return patching.fixed(f"{GETTER} checks without assert")
+    return patching.needed(f"-O strips {GETTER}'s assert: the CPU-offload barrier gets None "
                        "instead of falling back to the world group")
 
 
@@ -66,7 +66,7 @@ def install(module, ctx):
     ctx.wrap(module, GETTER, hardening.OnFirstCall(ctx, [func]).wrapper(func))
 
 
-class InnerDpGroupPatch(base.Patch):
+class InnerDpGroupPatch(patching.Patch):
     name = "inner_dp_group"
     target = "vllm.distributed.parallel_state"
     wraps = (GETTER,)
@@ -85,10 +85,6 @@ class InnerDpGroupPatch(base.Patch):
     def apply(self, module, ctx):
         return install(module, ctx)
 
-    def probe(self):
-        from kimi_hotfix.patches.inner_dp_group import probe
-
-        return probe.run()
 
     def expect(self, version, optimize):
         if version is None:
@@ -96,6 +92,9 @@ class InnerDpGroupPatch(base.Patch):
         if not optimize:
             return self.expect_plain_unaffected(version, "the getter's assert is live")
         return self.expect_optimized(version, GETTER)
+
+    def probe(self):
+        return patching.run_probe(self)  # probe.py, beside this file
 
 
 PATCH = InnerDpGroupPatch()

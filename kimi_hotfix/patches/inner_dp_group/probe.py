@@ -9,7 +9,7 @@ group (not the case in ``check``), the probe cannot tell.
 
 from __future__ import annotations
 
-from kimi_hotfix.base import ProbeResult
+from kimi_hotfix.patching import ProbeResult
 
 
 def run() -> ProbeResult:

@@ -53,7 +53,7 @@ from __future__ import annotations
 import ast
 import inspect
 
-from kimi_hotfix import base, recompile, wrapping
+from kimi_hotfix import base, patching, recompile, wrapping
 
 _PARAMS = (
     "common_prefix_len",
@@ -232,7 +232,7 @@ def _index_names(tree) -> set:
     return found
 
 
-class KDAOverlongRowsPatch(base.Patch):
+class KDAOverlongRowsPatch(patching.Patch):
     name = "kda_overlong_rows"
     target = "vllm.models.kimi_k3.nvidia.kda_metadata"
     wraps = ("KimiK3KDAMetadataBuilder.build",)
@@ -260,13 +260,13 @@ class KDAOverlongRowsPatch(base.Patch):
         try:
             path, routes = structure(wrapping.vllm_own(builder, "build"))
         except base.PatchError as exc:
-            return base.cannot_tell(str(exc))
+            return patching.cannot_tell(str(exc))
         if not path:
-            return base.absent("the KDA builder has no RecoverSSM path")
+            return patching.absent("the KDA builder has no RecoverSSM path")
         if routes:
-            return base.fixed("build routes rows longer than num_spec + 1 out of the "
+            return patching.fixed("build routes rows longer than num_spec + 1 out of the "
                               "speculative set")
-        return base.needed("build raises on rows longer than num_spec + 1")
+        return patching.needed("build raises on rows longer than num_spec + 1")
 
     def apply(self, module, ctx):
         builder = self._builder(module)
@@ -283,9 +283,7 @@ class KDAOverlongRowsPatch(base.Patch):
         return "wrapt wrapper"
 
     def probe(self):
-        from kimi_hotfix.patches.kda_overlong_rows import probe
-
-        return probe.run()
+        return patching.run_probe(self)  # probe.py, beside this file
 
 
 PATCH = KDAOverlongRowsPatch()

@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
-from kimi_hotfix import base, hardening, recompile, versions, wrapping
+from kimi_hotfix import base, hardening, patching, recompile, versions, wrapping
 
 CAPABILITY = "non_causal_multi_token_decode"
 ASSERTS_MEASURED_UP_TO = "0.33.0"  # every release up to this one guards merges with assert
@@ -123,7 +123,7 @@ def capability_merge(module) -> str:
     return "any" if getattr(merged, CAPABILITY, False) is True else "drops"
 
 
-class KVSpecMergePatch(base.Patch):
+class KVSpecMergePatch(patching.Patch):
     name = "kv_spec_merge"
     target = "vllm.v1.kv_cache_interface"
     wraps = ("KVCacheSpec.merge", "FullAttentionSpec.merge", "MLAAttentionSpec.merge",
@@ -159,16 +159,16 @@ class KVSpecMergePatch(base.Patch):
             try:
                 guarded = asserted_merges(module)
             except base.PatchError as exc:  # no source: the -O fix cannot be ruled out
-                return base.cannot_tell(f"under -O: {exc}")
+                return patching.cannot_tell(f"under -O: {exc}")
             if guarded:
-                return base.needed(f"-O strips the asserts of {', '.join(guarded)}.merge")
+                return patching.needed(f"-O strips the asserts of {', '.join(guarded)}.merge")
         merge = capability_merge(module)  # raising: core reports "cannot tell"
         if merge in ("drops", "rejects"):
-            return base.needed(f"MLAAttentionSpec.merge {merge} the DSpark draft capability")
+            return patching.needed(f"MLAAttentionSpec.merge {merge} the DSpark draft capability")
         live = "no merge relies on assert" if optimize else "asserts are live without -O"
         if merge == "absent":
-            return base.absent(f"no MLA draft capability in this vLLM; {live}")
-        return base.fixed(f"MLAAttentionSpec.merge keeps the draft capability; {live}")
+            return patching.absent(f"no MLA draft capability in this vLLM; {live}")
+        return patching.fixed(f"MLAAttentionSpec.merge keeps the draft capability; {live}")
 
     def apply(self, module, ctx):
         plan = []
@@ -183,10 +183,6 @@ class KVSpecMergePatch(base.Patch):
         for cls, impl, hardened, capability in plan:
             ctx.wrap(cls, "merge", _make_wrapper(impl, hardened, capability, ctx))
 
-    def probe(self):
-        from kimi_hotfix.patches.kv_spec_merge import probe
-
-        return probe.run()
 
     def expect(self, version, optimize):
         if version is None:
@@ -197,6 +193,9 @@ class KVSpecMergePatch(base.Patch):
                 needed, text = False, f"not needed: vLLM {version} merges the capability with any()"
             return needed, text + "; under -O it is needed while the merges guard with assert"
         return self.expect_optimized(version, "a spec merge")
+
+    def probe(self):
+        return patching.run_probe(self)  # probe.py, beside this file
 
 
 def _make_wrapper(impl, hardened: bool, capability: bool, ctx):

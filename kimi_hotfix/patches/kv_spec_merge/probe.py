@@ -20,8 +20,8 @@ import re
 import torch
 from vllm.v1 import kv_cache_interface as kvi
 
-from kimi_hotfix.base import ProbeResult
 from kimi_hotfix.patches.kv_spec_merge import CAPABILITY
+from kimi_hotfix.patching import ProbeResult
 
 # Kimi-K3-like shapes. MLA caches one 576-wide latent (512 kv_lora + 64 rope)
 # per token in bf16, one KV head, no separate V.
