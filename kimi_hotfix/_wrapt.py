@@ -15,7 +15,8 @@ it works under the private name as it is. (wrapt 2.x's extension imports
 container's own wrapt; scripts/bundle checks the private copy for that.)
 
 ``load()`` imports and returns the wrapt to use (ImportError when there is
-none); ``find()`` says which one ``load()`` would use, importing nothing.
+none); ``status`` says which one it would use, importing nothing
+(kimi_hotfix.status.find_wrapt).
 
 wrapt's post-import hooks share one lock (``wrapt.importer``), taken by its
 finder on every import once a hook is registered (and, in wrapt 1.x, held
@@ -35,72 +36,17 @@ VENDOR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vendor")
 VENDORED_REQUIREMENT = "wrapt>=1.14,<2"
 
 
-def _vendored_dir():
+def vendored_dir():
     path = os.path.join(VENDOR_DIR, "wrapt")
     return path if os.path.isfile(os.path.join(path, "__init__.py")) else None
-
-
-def _compiled(package_dir):
-    """True if ``package_dir`` holds a ``_wrappers`` extension this interpreter can load."""
-    from importlib.machinery import EXTENSION_SUFFIXES
-
-    try:
-        names = os.listdir(package_dir)
-    except OSError:
-        return False
-    return any("_wrappers" + suffix in names for suffix in EXTENSION_SUFFIXES)
-
-
-def _vendored_version():
-    """The version in the dist-info pip installed next to the private copy."""
-    try:
-        infos = sorted(n for n in os.listdir(VENDOR_DIR)
-                       if n.startswith("wrapt-") and n.endswith(".dist-info"))
-    except OSError:
-        return None
-    for info in infos:
-        try:
-            with open(os.path.join(VENDOR_DIR, info, "METADATA"), encoding="utf-8") as f:
-                for line in f:
-                    if line.startswith("Version:"):
-                        return line.split(":", 1)[1].strip()
-        except OSError:
-            continue
-    return None
-
-
-def find() -> dict:
-    """Which wrapt ``load()`` would return, without importing it:
-    ``{"source": "vendored" | "top-level" | None, "module", "path", "version",
-    "compiled"}``."""
-    vendored = _vendored_dir()
-    if vendored is not None:
-        return {"source": "vendored", "module": VENDORED, "path": vendored,
-                "version": _vendored_version(), "compiled": _compiled(vendored)}
-    none = {"source": None, "module": None, "path": None, "version": None, "compiled": None}
-    from kimi_hotfix.versions import find_spec
-
-    spec = find_spec("wrapt")  # a top-level name: imports nothing
-    if spec is None:
-        return none
-    locations = list(spec.submodule_search_locations or [])
-    path = locations[0] if locations else (os.path.dirname(spec.origin) if spec.origin else None)
-    try:
-        from importlib.metadata import version
-
-        dist_version = version("wrapt")
-    except Exception:  # no or broken dist-info must not break status
-        dist_version = None
-    return {"source": "top-level", "module": "wrapt", "path": path,
-            "version": dist_version, "compiled": _compiled(path) if path else None}
 
 
 def load():
     """The wrapt module the shim uses: the private copy when this package has
     one (the bundle), else the top-level ``wrapt``. ImportError when there is
     neither; a private copy that is there but broken raises (never a silent
-    switch to a different wrapt than ``find()`` reports)."""
-    return importlib.import_module(VENDORED if _vendored_dir() is not None else "wrapt")
+    switch to a different wrapt than ``status`` reports)."""
+    return importlib.import_module(VENDORED if vendored_dir() is not None else "wrapt")
 
 
 def after_fork_in_child() -> None:

@@ -4,27 +4,23 @@ Loaded only when vLLM is imported (or by ``check`` and the plugin). ``arm()``
 parses the environment, imports wrapt and registers one post-import hook per
 patch on the vLLM module it targets (wrapt runs the hook at once where that
 module is already loaded). The hook *settles* the patch: its module loads
-(kimi_hotfix.registry), its ``check`` decides from what the loaded vLLM does or
-contains, then its ``apply`` wraps vLLM's methods through a context bound to it
-(kimi_hotfix.wrapping), all or nothing. A target imported again (a reload, or a
-fresh import) is settled again there and then (kimi_hotfix.importwatch).
+(kimi_hotfix.registry), then it is decided and applied (kimi_hotfix.outcome)
+through a context bound to it (kimi_hotfix.wrapping), all or nothing. A target
+imported again (a reload, a fresh import) settles again there and then
+(kimi_hotfix.importwatch).
 
 This module owns every policy; kimi_hotfix.state only stores what it decides:
 finishing a settle, undo and its rollback (an undo that lands mid-settle),
-wrapper failures, strictness, the summary line and who is told of a change
-(``listeners`` get a snapshot: kimi_hotfix.metrics), exit and fork. It names
-no patch.
+wrapper failures, strictness, the summary line (logged when arming ends, on
+each change, in every forked child, and at exit where a pending patch turns
+``not loaded``) and who is told of a change (``listeners`` get a snapshot:
+kimi_hotfix.metrics), exit and fork. It names no patch.
 
 Containment: an arming, hook, check or apply failure ends in ``failed`` (with
 its reason, logged once) and vLLM's original behaviour stays; the host's import
 never fails because of us, unless KIMI_HOTFIX_STRICT=1 asks for a hard failure
-(KimiHotfixError) on every one of these paths. A check that cannot tell applies
-the patch (the safe side) and warns. No lock is held while a patch's code runs.
-
-The summary line (``kimi-hotfix <version> (vllm <version>, python -O): name:
-state | ...``) is logged when arming ends, again whenever it changes (a patch
-settles, a wrapper first fails, undo), in every forked child, and at exit when
-a pending patch turns ``not loaded``.
+(KimiHotfixError) on every one of these paths. No lock is held while a patch's
+code runs.
 """
 
 from __future__ import annotations
@@ -43,7 +39,7 @@ from typing import Optional
 
 from kimi_hotfix import _wrapt, messages, registry, state, versions
 from kimi_hotfix import config as _config_mod
-from kimi_hotfix.base import MARKER, KimiHotfixError, Kind, PatchError, State, describe, is_wrapped  # noqa: F401 (the public surface)
+from kimi_hotfix.base import KimiHotfixError, Kind, State, describe, is_wrapped  # noqa: F401 (API)
 
 __version__ = versions.SHIM
 patch_names = registry.names
@@ -248,7 +244,7 @@ def settle(name: str, module) -> None:
             outcome = State(Kind.FAILED, broken)
             error = KimiHotfixError(f"{name}: {broken}") if _strict() else None
         else:
-            outcome, error = _outcome().apply(name, patch, module, _context(name, token.records),
+            outcome, error = _outcome().apply(name, patch, module, context(name, token.records),
                                               name in state.config().forced, _strict())
         if token.records:  # what it wrapped, re-imported, is settled again there and then
             from kimi_hotfix import importwatch
@@ -287,7 +283,8 @@ def _outcome():
     return outcome
 
 
-def _context(name: str, records: list):
+def context(name: str, records: list):
+    """The Context a patch's apply gets: its wraps go to ``records``."""
     from kimi_hotfix import wrapping
 
     return wrapping.PatchContext(name, records, load_wrapt, wrapper_failed, spent)
@@ -369,45 +366,7 @@ def states() -> dict:
     return state.states()
 
 
-# -- toggling, undo and reapply ------------------------------------------------------
-
-
-@contextlib.contextmanager
-def toggled(name: str, applied: bool):
-    """Within the block, patch ``name`` is applied (whatever its check says) or
-    not (vLLM's own methods); afterwards the process is exactly as it was: the
-    same objects installed, the same state (where the block changed nothing,
-    e.g. on for a patch already applied, the state keeps what happened in it,
-    such as wrapper failures). Its module must be loaded. Yields the state
-    inside the block. Does not log the summary line (``check`` uses it)."""
-    from kimi_hotfix import wrapping
-
-    patch = registry.get(name)
-    module = sys.modules.get(patch.target)
-    if module is None:
-        raise PatchError(f"{patch.target} is not imported")
-    if state.config() is None:
-        arm("toggle")
-    saved_state, saved = state.get(name), state.records(name)
-    added: list = []
-    off: list = []
-    try:
-        if applied and not saved:
-            note = patch.apply(module, _context(name, added))
-            state.put(name, State(Kind.APPLIED, "; ".join(filter(None, ["toggled on", note]))))
-        elif not applied and saved:
-            left = wrapping.uninstall(saved)
-            off = [r for r in saved if r not in left]
-            if left:
-                raise PatchError(f"cannot toggle {name} off: "
-                                 f"{', '.join(r.qualname for r in left)} replaced since")
-            state.put(name, State(Kind.DISABLED, "toggled off"))
-        yield state.get(name)
-    finally:
-        wrapping.uninstall(added)
-        wrapping.reinstall(off)
-        if added or off:
-            state.put(name, saved_state, records=saved)
+# -- undo and reapply ------------------------------------------------------------------
 
 
 def _undone_state(name: str, left: list, nothing_here: bool = False) -> State:

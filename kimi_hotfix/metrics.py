@@ -46,19 +46,8 @@ vllm/v1/metrics/prometheus.py):
   alive with that start time in this pid namespace, and the pid label comes
   from the name. docs/security.md says what is trusted and why.
 * **Multiprocess mode** (``PROMETHEUS_MULTIPROC_DIR`` set: ``vllm serve
-  --api-server-count N``, or the operator's own): the route builds a fresh
-  registry with a ``MultiProcessCollector`` at each scrape, so only files in
-  that directory are served. The shim writes its series as multiprocess
-  gauges (``multiprocess_mode="liveall"``: pid-labelled by prometheus_client),
-  rewritten on every change of the states, in every process that imported
-  prometheus_client with the variable set; each such process holds a ``flock``
-  on its ``kimi-hotfix-live-<pid>-*.lock`` there. At exit a process removes its
-  ``gauge_liveall_<pid>.db``; every write also removes those of processes whose
-  lock nobody holds any more (dead: the kernel drops a dead process's locks, in
-  every pid namespace), unless a live process of the same pid holds one. A
-  SIGKILLed process's series stay until the next write of a live process. When
-  a process's role changes (a forked child renamed), the old role's series are
-  set to 0. vLLM 0.29 itself writes no ``liveall`` gauge.
+  --api-server-count N``, or the operator's own): each process writes its
+  series as prometheus_client gauges in that directory (kimi_hotfix.scrape).
 
 Files: created exclusively (``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600) in a
 directory opened without following links and checked to be this user's own

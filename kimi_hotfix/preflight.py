@@ -2,7 +2,7 @@
 
 Imports the installed vLLM. For each patch it runs the patch's own probe
 (``Patch.probe``) on the real vLLM code twice, with the patch toggled off and
-toggled on (``core.toggled``, which puts back exactly what the shim had
+toggled on (``toggled``, which puts back exactly what the shim had
 installed). A patch is *needed* here when its probe fails without it, or when
 its check decides it applies (a "cannot tell" counts as needed); it *fixes* when
 the probe passes with it. The shim's own decision is reported next to the
@@ -44,12 +44,50 @@ import textwrap
 from typing import Optional
 
 from kimi_hotfix import __version__, exitcodes, versions
-from kimi_hotfix.base import Kind, PatchError
+from kimi_hotfix.base import Kind, PatchError, State
 from kimi_hotfix.patching import ProbeResult, Verdict
 
 LEVELS = ((0, "plain"), (1, "-O"), (2, "-OO"))
 NO_DEVICE = "Failed to infer device type"  # vLLM's DeviceConfig, where no platform is found
 UNSPECIFIED = "UnspecifiedPlatform"  # vllm.platforms.interface: what vLLM infers on no device
+
+
+@contextlib.contextmanager
+def toggled(name: str, applied: bool):
+    """Within the block, patch ``name`` is applied (whatever its check says) or
+    not (vLLM's own methods); afterwards the process is exactly as it was: the
+    same objects installed, the same state (where the block changed nothing,
+    e.g. on for a patch already applied, the state keeps what happened in it,
+    such as wrapper failures). Its module must be loaded. Yields the state
+    inside the block. Does not log the summary line."""
+    from kimi_hotfix import core, registry, state, wrapping
+
+    patch = registry.get(name)
+    module = sys.modules.get(patch.target)
+    if module is None:
+        raise PatchError(f"{patch.target} is not imported")
+    if state.config() is None:
+        core.arm("toggle")
+    saved_state, saved = state.get(name), state.records(name)
+    added: list = []
+    off: list = []
+    try:
+        if applied and not saved:
+            note = patch.apply(module, core.context(name, added))
+            state.put(name, State(Kind.APPLIED, "; ".join(filter(None, ["toggled on", note]))))
+        elif not applied and saved:
+            left = wrapping.uninstall(saved)
+            off = [r for r in saved if r not in left]
+            if left:
+                raise PatchError(f"cannot toggle {name} off: "
+                                 f"{', '.join(r.qualname for r in left)} replaced since")
+            state.put(name, State(Kind.DISABLED, "toggled off"))
+        yield state.get(name)
+    finally:
+        wrapping.uninstall(added)
+        wrapping.reinstall(off)
+        if added or off:
+            state.put(name, saved_state, records=saved)
 
 
 RERUN = "KIMI_HOTFIX_CHECK_RERUN"  # internal: marks the re-run on CPU, holds the first view
@@ -220,13 +258,13 @@ def check_patch(core, patch, state, import_error=None) -> dict:
         entry["problems"].append(import_error)
         return entry
     try:
-        with core.toggled(patch.name, False):  # checks and probe see vLLM's own code
+        with toggled(patch.name, False):  # checks and probe see vLLM's own code
             entry["decisions"] = _decisions(core, patch, sys.modules.get(patch.target))
             left = _still_wrapped(patch)
             entry["without"] = run_probe(patch)
             if left:
                 entry["without"] = {"ok": None, "error": f"{', '.join(left)} still wrapped"}
-        with core.toggled(patch.name, True) as state_with:
+        with toggled(patch.name, True) as state_with:
             entry["state_with"] = str(state_with)
             entry["with"] = run_probe(patch)
             after = core.states()[patch.name]

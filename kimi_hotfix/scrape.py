@@ -2,15 +2,25 @@
 prometheus_client is imported, which a process that never serves or exports
 metrics never does.
 
-* Default mode: ``ShimCollector`` on prometheus_client's default registry
+* **Default mode**: ``ShimCollector`` on prometheus_client's default registry
   reads the pod directory at each scrape (``_pod_records``): this process's
   own record read now, and every other record whose name's process is alive
   with that start time in this pid namespace (the pid label comes from the
   name; a dead process's record is removed; each file counts alone).
-* Multiprocess mode: ``Gauges`` writes this process's series as
-  prometheus_client ``liveall`` gauges (metrics.publish calls it on every
-  change), holds this process's live lock, and sweeps the gauge files of
-  processes whose lock nobody holds.
+* **Multiprocess mode** (``Gauges``; ``PROMETHEUS_MULTIPROC_DIR`` set: ``vllm
+  serve --api-server-count N``, or the operator's own): the route builds a fresh
+  registry with a ``MultiProcessCollector`` at each scrape, so only files in
+  that directory are served. The shim writes its series as multiprocess
+  gauges (``multiprocess_mode="liveall"``: pid-labelled by prometheus_client),
+  rewritten on every change of the states, in every process that imported
+  prometheus_client with the variable set; each such process holds a ``flock``
+  on its ``kimi-hotfix-live-<pid>-*.lock`` there. At exit a process removes its
+  ``gauge_liveall_<pid>.db``; every write also removes those of processes whose
+  lock nobody holds any more (dead: the kernel drops a dead process's locks, in
+  every pid namespace), unless a live process of the same pid holds one. A
+  SIGKILLed process's series stay until the next write of a live process. When
+  a process's role changes (a forked child renamed), the old role's series are
+  set to 0. vLLM 0.29 itself writes no ``liveall`` gauge.
 
 What is trusted and why: kimi_hotfix.metrics and docs/security.md.
 """

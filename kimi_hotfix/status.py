@@ -20,12 +20,67 @@ PLUGIN_NAME = "kimi_hotfix"
 ALIAS = "kimi_hotfix_sitecustomize"  # the root sitecustomize.py registers itself here
 
 
+def _compiled(package_dir):
+    """True if ``package_dir`` holds a ``_wrappers`` extension this interpreter can load."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    try:
+        names = os.listdir(package_dir)
+    except OSError:
+        return False
+    return any("_wrappers" + suffix in names for suffix in EXTENSION_SUFFIXES)
+
+
+def _vendored_version():
+    """The version in the dist-info pip installed next to the private copy."""
+    from kimi_hotfix._wrapt import VENDOR_DIR
+
+    try:
+        infos = sorted(n for n in os.listdir(VENDOR_DIR)
+                       if n.startswith("wrapt-") and n.endswith(".dist-info"))
+    except OSError:
+        return None
+    for info in infos:
+        try:
+            with open(os.path.join(VENDOR_DIR, info, "METADATA"), encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            continue
+    return None
+
+
+def find_wrapt() -> dict:
+    """Which wrapt ``kimi_hotfix._wrapt.load()`` would return, without importing it:
+    ``{"source": "vendored" | "top-level" | None, "module", "path", "version",
+    "compiled"}``."""
+    from kimi_hotfix._wrapt import VENDORED, vendored_dir
+
+    vendored = vendored_dir()
+    if vendored is not None:
+        return {"source": "vendored", "module": VENDORED, "path": vendored,
+                "version": _vendored_version(), "compiled": _compiled(vendored)}
+    none = {"source": None, "module": None, "path": None, "version": None, "compiled": None}
+    spec = versions.find_spec("wrapt")  # a top-level name: imports nothing
+    if spec is None:
+        return none
+    locations = list(spec.submodule_search_locations or [])
+    path = locations[0] if locations else (os.path.dirname(spec.origin) if spec.origin else None)
+    try:
+        from importlib.metadata import version
+
+        dist_version = version("wrapt")
+    except Exception:  # no or broken dist-info must not break status
+        dist_version = None
+    return {"source": "top-level", "module": "wrapt", "path": path,
+            "version": dist_version, "compiled": _compiled(path) if path else None}
+
+
 def _wrapt_info():
     """The wrapt the shim would use (the bundle's private copy, else the
     top-level one), found without importing it."""
-    from kimi_hotfix import _wrapt
-
-    found = _wrapt.find()
+    found = find_wrapt()
     return {"installed": found["source"] is not None, "version": found["version"],
             "source": found["source"], "path": found["path"]}
 

@@ -121,4 +121,9 @@ def vllm_version() -> Optional[str]:
         version = getattr(sys.modules.get(name), "__version__", None)
         if isinstance(version, str) and version:
             return version
-    return installed_vllm()[0]
+    if not _installed:  # read once: the metadata lookup costs about 1 ms, and arming
+        _installed.append(installed_vllm()[0])  # (before vllm/__init__ has run) asks 4 times
+    return _installed[0]
+
+
+_installed: list = []

@@ -298,7 +298,8 @@ def _installed_and_forced(name, compute):
     disabled, no test reads it)."""
     out = {"installed": compute()}
     if core.states()[name].kind.value in ("not_needed", "not_affected"):
-        with core.toggled(name, True) as state:
+        from kimi_hotfix.preflight import toggled  # check's own toggle
+        with toggled(name, True) as state:
             out.update(forced=compute(), forced_state=str(state))
     return out
 

@@ -158,11 +158,13 @@ def run(core, kvi):
                unvaried=unvaried)
     installed = {c: vars(c)["merge"] for c in owners}
     state_before = str(core.states()[NAME])
-    with core.toggled(NAME, True) as state:
+    from kimi_hotfix.preflight import toggled  # check's own toggle
+    with toggled(NAME, True) as state:
         out["state_on"] = str(state)
         out["wrapped_on"] = {c.__name__: core.is_wrapped(vars(c)["merge"]) for c in owners}
         out["hardened"] = battery(found)
-    with core.toggled(NAME, False) as state:
+    from kimi_hotfix.preflight import toggled  # check's own toggle
+    with toggled(NAME, False) as state:
         out["state_off"] = str(state)
         codes = fresh_codes(kvi)
         out["restored"] = {

@@ -48,9 +48,11 @@ def kda(core):
         builder = probe.make_builder(**SEED)
         return _outcome(lambda: probe.serialize_metadata(builder.build(*probe.build_args(*within))))
 
-    with core.toggled(patch.PATCH.name, True):
+    from kimi_hotfix.preflight import toggled  # check's own toggle
+    with toggled(patch.PATCH.name, True):
         result = _swapped(patch, "route_overlong_rows", calls)
-    with core.toggled(patch.PATCH.name, False):
+    from kimi_hotfix.preflight import toggled  # check's own toggle
+    with toggled(patch.PATCH.name, False):
         unpatched = own()
     return {"calls": [c[:2] if c[0] == "ok" else c for c in result], "own_within": unpatched[:2]}
 
@@ -77,7 +79,8 @@ def kv(core):
                         "vllm_own": _outcome(lambda s=specs: repr(own(s)))[:2]})
         return out
 
-    with core.toggled(patch.PATCH.name, True):
+    from kimi_hotfix.preflight import toggled  # check's own toggle
+    with toggled(patch.PATCH.name, True):
         return _swapped(patch, "_with_group_capability", calls)
 
 
@@ -89,16 +92,19 @@ def capture(core):
         result = probe.capture_plan(**SEED)
         return {k: result[k] for k in ("largest_mixed", "capture_descs", "candidates")}
 
-    with core.toggled(patch.PATCH.name, False):
+    from kimi_hotfix.preflight import toggled  # check's own toggle
+    with toggled(patch.PATCH.name, False):
         own = plan()
-    with core.toggled(patch.PATCH.name, True):
+    from kimi_hotfix.preflight import toggled  # check's own toggle
+    with toggled(patch.PATCH.name, True):
         failing = _outcome(lambda: _swapped(patch, "clamped_view", plan))
         read_only = _outcome(lambda: _read_only_manager(plan))
         counted = core.states()[patch.PATCH.name].as_dict()["failures"]
         own_raise = _vllm_raises()
         own_raise["failures_counted"] = (core.states()[patch.PATCH.name].as_dict()["failures"]
                                          - counted)
-    with core.toggled(patch.PATCH.name, False):
+    from kimi_hotfix.preflight import toggled  # check's own toggle
+    with toggled(patch.PATCH.name, False):
         own_raise_unpatched = _vllm_raises()
     return {"vllm_own": own, "failing": failing, "read_only": read_only,
             "view_writes": _view_writes(patch),

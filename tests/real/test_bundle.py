@@ -356,6 +356,8 @@ def test_repository_keeps_wrapt_a_plain_dependency(release):
     import wrapt
 
     assert _wrapt.load() is wrapt
-    found = _wrapt.find()
+    from kimi_hotfix.status import find_wrapt
+
+    found = find_wrapt()
     assert found["source"] == "top-level" and found["path"] == str(Path(wrapt.__file__).parent)
     assert found["version"] == wrapt.__version__

@@ -55,10 +55,12 @@ out = {"states": fakes.states(),
        "installed": {p.name: fakes.installed(p.target) for p in PATCHES[:-1]}}
 thing = sys.modules["standin_needed"].Thing
 before = (vars(thing)["first"], vars(thing)["second"])
-with core.toggled("needed", False) as st:
+from kimi_hotfix.preflight import toggled  # check's own toggle
+with toggled("needed", False) as st:
     out["toggled_off"] = [str(st), fakes.installed("standin_needed"), thing().first()]
 out["after_off_identical"] = (vars(thing)["first"], vars(thing)["second"]) == before
-with core.toggled("fixed", True) as st:
+from kimi_hotfix.preflight import toggled  # check's own toggle
+with toggled("fixed", True) as st:
     out["toggled_on"] = [str(st), fakes.installed("standin_fixed"),
                          sys.modules["standin_fixed"].Thing().first()]
 out["after_on"] = [str(core.states()["fixed"]), fakes.installed("standin_fixed")]
