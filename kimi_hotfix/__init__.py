@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     from kimi_hotfix.base import State
 
-from kimi_hotfix.versions import SHIM as __version__
-
 __all__ = ["arm", "undo", "reapply", "states", "__version__"]
 
 
@@ -45,3 +43,14 @@ def states() -> dict[str, State]:
     from kimi_hotfix import core
 
     return core.states()
+
+
+def __getattr__(name: str):
+    """``kimi_hotfix.__version__`` (kimi_hotfix.versions.SHIM), read when asked:
+    importing this package imports nothing, so ``python -m kimi_hotfix status``
+    reports a broken module of the package instead of failing before it runs."""
+    if name == "__version__":
+        from kimi_hotfix.versions import SHIM
+
+        return SHIM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,6 +41,9 @@ from kimi_hotfix import _wrapt, messages, registry, state, versions
 from kimi_hotfix import config as _config_mod
 from kimi_hotfix.base import KimiHotfixError, Kind, State, describe, is_wrapped  # noqa: F401 (API)
 
+if getattr(sys.modules.get(__package__), "__file__", None) is None:  # a namespace package
+    raise ImportError(f"{__package__}/__init__.py is missing: an incomplete copy of the shim")
+
 __version__ = versions.SHIM
 patch_names = registry.names
 armed_by = state.armed_by
@@ -175,8 +178,9 @@ def _install_metrics() -> None:
     try:
         from kimi_hotfix import metrics
 
-        metrics.install(snapshot(), [registry.target(n) for n in registry.names()
-                                     if registry.target(n)], _serving)
+        if metrics.install(snapshot(), [registry.target(n) for n in registry.names()
+                                        if registry.target(n)]):
+            load_wrapt().register_post_import_hook(_serving, metrics.PROMETHEUS)
         listeners.append(metrics.publish)
     except Exception as exc:  # the exporter never takes the patches down with it...
         why = f"installing the exporter failed ({describe(exc)})"
@@ -186,10 +190,17 @@ def _install_metrics() -> None:
 
 
 def _serving(module) -> None:
-    """prometheus_client was imported: the scrape's side of the exporter loads."""
-    from kimi_hotfix import scrape
-
-    scrape.on_prometheus_client(module)  # contains its own failures
+    """prometheus_client was imported: the scrape's side of the exporter loads
+    (kimi_hotfix.scrape; contains its own failures, but not its file's)."""
+    try:
+        from kimi_hotfix import scrape
+    except Exception as exc:
+        why = f"loading kimi_hotfix.scrape failed ({describe(exc)})"
+        messages.emit(messages.METRICS_FAILED, why, exc_info=True)
+        if _strict():
+            raise KimiHotfixError(f"metrics: {why}") from exc
+        return
+    scrape.on_prometheus_client(module)
 
 
 def _hook(name: str):

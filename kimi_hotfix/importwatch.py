@@ -13,10 +13,11 @@ as a post-import hook's would.
 ``watch_reimports``: wrapt's hook for a module runs once, at its first import;
 ``importlib.reload`` or a fresh import (after ``del sys.modules[name]``) runs
 the module's code again and vLLM gets new classes, unpatched. A finder first
-on ``sys.meta_path`` (put there, by a new list, when the first patch
-applies) answers for the watched names only: it asks the finders after it
-and wraps the loader, whose ``exec_module`` calls back once the module's code
-has run, in the importing thread, before anything else can use it.
+on ``sys.meta_path`` (inserted when the first patch applies: an insertion,
+unlike a removal, cannot make another thread's walk of the list skip a
+finder) answers for the watched names only: it asks the finders after it and
+wraps the loader, whose ``exec_module`` calls back once the module's code has
+run, in the importing thread, before anything else can use it.
 """
 
 from __future__ import annotations
@@ -124,5 +125,5 @@ def watch_reimports(name: str, callback: Callable) -> None:
     if _finder is None:
         _finder = Reimports()
     _finder.watched[name] = callback
-    if _finder not in sys.meta_path:  # a new list: another thread may be walking the old one
-        sys.meta_path = [_finder, *sys.meta_path]
+    if _finder not in sys.meta_path:  # in place, as wrapt does: a thread walking the list
+        sys.meta_path.insert(0, _finder)  # meanwhile sees one finder twice, never skips one

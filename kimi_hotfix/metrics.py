@@ -393,17 +393,17 @@ def _on_target(_module) -> None:
     publish()
 
 
-def install(snapshot: dict, targets=(), on_prometheus=None) -> bool:
+def install(snapshot: dict, targets=()) -> bool:
     """Export ``snapshot`` (kimi_hotfix.core.snapshot: the states, costs and
     toggles; ``publish`` gets each new one) on vLLM's ``/metrics``, once per
     process; ``targets``: the patches' modules (their import is published,
-    after the patches' own hooks); ``on_prometheus``: the post-import hook on
-    prometheus_client (kimi_hotfix.scrape, the serving side). Call it after
-    the patches' hooks are registered. Returns False where wrapt is missing
-    (nothing installed). Never raises."""
+    after the patches' own hooks). Call it after those hooks are registered;
+    kimi_hotfix.scrape serves the records once prometheus_client is imported.
+    True where it installed now; False where it was already, where wrapt is
+    missing, or where it failed (warned). Never raises."""
     global _told, _installed
     if _installed:
-        return True
+        return False  # installed already (once per process)
     try:
         from kimi_hotfix import _wrapt
 
@@ -421,8 +421,6 @@ def install(snapshot: dict, targets=(), on_prometheus=None) -> bool:
                 _open_pod()
             except Exception:
                 _warn_once("making the pod directory failed")
-        if on_prometheus is not None:
-            wrapt.register_post_import_hook(on_prometheus, PROMETHEUS)
         for target in dict.fromkeys(targets):
             wrapt.register_post_import_hook(_on_target, target)
         publish()

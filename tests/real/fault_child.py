@@ -32,8 +32,10 @@ STDLIB = ("logging", "ast", "inspect", "dataclasses", "argparse", "json", "textw
           "typing", "functools", "linecache", "weakref", "runpy", "copy", "types", "re", "abc",
           "contextlib", "threading", "site", "importlib.metadata", "importlib.util", "atexit",
           "wrapt")
+# prometheus_client: a vLLM server's processes import it (vllm.v1.metrics), and the
+# shim's serving side (kimi_hotfix.scrape) loads there
 REAL_TARGETS = ("vllm", "vllm.v1.kv_cache_interface", "vllm.config.vllm",
-                "vllm.distributed.parallel_state")
+                "vllm.distributed.parallel_state", "prometheus_client")
 PLUGIN_TARGETS = REAL_TARGETS + ("vllm.v1.worker.gpu.cudagraph_utils",
                                  "vllm.models.kimi_k3.nvidia.kda_metadata", "vllm.plugins")
 FORK_TARGETS = ("vllm", "vllm.v1.kv_cache_interface", "vllm.config.vllm")
