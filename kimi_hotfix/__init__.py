@@ -46,9 +46,8 @@ def states() -> dict[str, State]:
 
 
 def __getattr__(name: str):
-    """``kimi_hotfix.__version__`` (kimi_hotfix.versions.SHIM), read when asked:
-    importing this package imports nothing, so ``python -m kimi_hotfix status``
-    reports a broken module of the package instead of failing before it runs."""
+    """``__version__`` (versions.SHIM) when asked: importing the package imports
+    nothing, so ``status`` names a broken module instead of failing first."""
     if name == "__version__":
         from kimi_hotfix.versions import SHIM
 

@@ -2,17 +2,9 @@
 
 Cheap to import (stdlib only; no vLLM, torch or wrapt): every process that
 arms loads it, and ``status`` without importing vLLM. What a patch is and what
-it decides: kimi_hotfix.patching.
-
-States (``Kind``), as reported by the summary line, ``status`` and ``check``:
-
-  pending       armed; vLLM has not imported the patch's target module yet
-  applied       vLLM's methods are patched in this process
-  not_needed    fixed upstream: the installed vLLM already behaves right
-  not_affected  the feature or code path the patch is about does not exist here
-  disabled      switched off (KIMI_HOTFIX, KIMI_HOTFIX_DISABLE, or undo())
-  failed        should apply but cannot; vLLM's original behaviour stays
-  not_loaded    the process ended without importing the target module
+it decides: kimi_hotfix.patching. What each state (``Kind``) means, as the
+summary line, ``status`` and ``check`` report it: kimi_hotfix.docs.STATES (the
+README's and docs/troubleshooting.md's table).
 """
 
 from __future__ import annotations

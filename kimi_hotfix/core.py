@@ -118,16 +118,11 @@ def _arm(source: str) -> None:
     messages.setup(cfg.log_level, cfg.log_format)
     for message, args in cfg.warnings:
         messages.emit(message, *args)
-    broken = {name: registry.broken(name) for name in registry.names()
-              if registry.broken(name) and state.get(name).kind == Kind.FAILED}
-    for name, why in broken.items():
-        messages.emit(messages.LOAD_FAILED, name, why)
     atexit.register(at_exit)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=after_fork_in_child)
+    _said_broken([n for n, s in state.states().items() if s.kind == Kind.FAILED])
     pending = [n for n, s in state.states().items() if s.kind == Kind.PENDING]
-    if broken and cfg.strict:
-        raise KimiHotfixError("; ".join(f"{n}: {why}" for n, why in broken.items()))
     if not pending:
         return
     try:
@@ -152,8 +147,7 @@ def _arm(source: str) -> None:
             wrapt.register_post_import_hook(_hook(name), target)
 
 
-def _half_imported(module) -> bool:
-    """kimi_hotfix.importwatch.initializing, without loading it for nothing."""
+def _half_imported(module) -> bool:  # importwatch.initializing, not loading it for nothing
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
@@ -242,21 +236,15 @@ def _contained_hook_failure(name, exc) -> None:
 
 def settle(name: str, module) -> None:
     """Decide and apply ``name`` on ``module``, once (other calls return at once).
-    Its module, and the settle-only modules, load now."""
+    The patch modules, and the settle-only modules, load now."""
+    _load_patches()
     token = state.begin(name)
     if token is None:
         return
     started = time.perf_counter()
     try:
-        patch = registry.get(name)
-        broken = registry.broken(name)
-        if broken:
-            messages.emit(messages.LOAD_FAILED, name, broken)
-            outcome = State(Kind.FAILED, broken)
-            error = KimiHotfixError(f"{name}: {broken}") if _strict() else None
-        else:
-            outcome, error = _outcome().apply(name, patch, module, context(name, token.records),
-                                              name in state.config().forced, _strict())
+        outcome, error = _outcome().apply(name, registry.get(name), module, context(name, token.records),
+                                          name in state.config().forced, _strict())
         if token.records:  # what it wrapped, re-imported, is settled again there and then
             from kimi_hotfix import importwatch
 
@@ -281,9 +269,42 @@ def settle(name: str, module) -> None:
         raise error
 
 
+_patches_loaded = False
+
+
+def _load_patches() -> None:
+    """At the first target's import, every patch's module loads: one that cannot
+    reads ``failed`` with its cause in every process that imports any target,
+    its own or not. A process that imports none (``vllm --version``) loads none."""
+    global _patches_loaded
+    if _patches_loaded:
+        return
+    _patches_loaded = True
+    try:
+        registry.patches()
+    except Exception:  # the patch API itself cannot load: settle says so, per patch
+        return
+    broken = [n for n in registry.names() if registry.broken(n) and state.get(n).kind == Kind.PENDING]
+    for name in broken:
+        state.put(name, State(Kind.FAILED, registry.broken(name)))
+    if broken:
+        try:
+            _said_broken(broken)
+        finally:
+            log_if_changed()
+
+
+def _said_broken(names: list) -> None:
+    """Each patch module that cannot load, logged with its cause; strict mode raises."""
+    found = {n: registry.broken(n) for n in names if registry.broken(n)}
+    for name, why in found.items():
+        messages.emit(messages.LOAD_FAILED, name, why)
+    if found and _strict():
+        raise KimiHotfixError("; ".join(f"{n}: {why}" for n, why in found.items()))
+
+
 def _uninstall(records: list) -> list:
-    """kimi_hotfix.wrapping.uninstall, where anything was installed (what it
-    could not restore)."""
+    """wrapping.uninstall where anything was installed: what it could not restore."""
     wrapping = sys.modules.get("kimi_hotfix.wrapping")
     return wrapping.uninstall(records) if records and wrapping is not None else []
 

@@ -2,32 +2,7 @@
 this process's record, written where the scrape reads it (the serving side,
 loaded when prometheus_client is imported: kimi_hotfix.scrape).
 
-A dashboard that scrapes a vLLM server sees, for each process of it (the API
-server, the EngineCore, the workers), labelled with its ``pid`` and vLLM's
-``role`` for it::
-
-    kimi_hotfix_info{armed_by="sitecustomize",enabled="true",pid="812",python="python -O",
-                     role="EngineCore",version="0.1.0",vllm="0.29.0"} 1.0
-    kimi_hotfix_patch_state{patch="<name>",pid="812",role="EngineCore",state="applied"} 1.0
-    kimi_hotfix_patch_state{patch="<name>",pid="812",role="EngineCore",state="pending"} 0.0
-    kimi_hotfix_cost_seconds{phase="settle",pid="812",role="EngineCore"} 0.004
-
-* ``kimi_hotfix_info`` is there wherever the shim is on the path of a vLLM
-  process, the kill switch included (``enabled="false"``, every patch
-  ``disabled``): a vLLM target without it runs without the shim.
-* ``kimi_hotfix_patch_state`` follows prometheus_client's ``Enum`` convention:
-  one series per patch and state kind (``kimi_hotfix.base.Kind``), 1 for the
-  current kind, 0 for the others.
-* ``kimi_hotfix_cost_seconds{phase}``: wall seconds this process spent in the
-  shim: ``arm`` (reading the environment, importing wrapt, registering the
-  hooks), ``settle`` (deciding and wrapping, at the patches' imports),
-  ``first_call`` (recompiling a hardened function on its first call).
-* ``role``: the name vLLM gives the process: ``multiprocessing``'s process
-  name (``EngineCore``, ``VllmWorker-0``, ``ApiServer_1``: vLLM's log prefix
-  but for the workers, which log as ``Worker``), else the ``PREFIX::NAME``
-  title vLLM sets with setproctitle (``/proc/PID/cmdline``); the process
-  answering the scrape in the default mode is the ``APIServer``; any other
-  main process is ``main``.
+What the scrape shows (the series, their labels): kimi_hotfix.scrape.
 
 How each process's states reach the one process vLLM serves ``/metrics`` from
 (vLLM 0.29: vllm/entrypoints/serve/instrumentator/metrics.py and
@@ -58,12 +33,10 @@ the outside is parsed strictly and fails that entry alone. ``KIMI_HOTFIX_POD_FIL
 writes none of these files (the scrape then shows the API server's own states,
 and multiprocess mode sweeps nothing).
 
-Everything goes through post-import hooks and the snapshots kimi_hotfix.core
-hands ``publish`` on every change (this module never asks for the states):
-it imports neither prometheus_client nor vLLM. Containment: hooks,
-writes and ``collect()`` catch their own errors (the scrape then lacks the
-shim's series; one warning is logged); vLLM's own metrics and registries are
-never touched.
+kimi_hotfix.core hands ``publish`` a snapshot on every change (this module
+never asks for the states); it imports neither prometheus_client nor vLLM.
+Hooks and writes catch their own errors (the scrape then lacks the shim's
+series; one warning); vLLM's own metrics and registries are never touched.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The store: each patch's state in this process, what is installed, what it cost.
 
 Tables only, no policy (kimi_hotfix.core decides what is written, when, and
-who is told). One lock guards them, held only for short reads and writes: no
-patch code, no import and no logging runs under it (a patch's check and apply
-run between ``begin`` and ``end``, outside it). Imports only kimi_hotfix.base
-and the standard library.
+who is told). One lock, held only for short reads and writes: no patch code,
+import or logging runs under it (a patch's check and apply run between
+``begin`` and ``end``, outside it). Imports only kimi_hotfix.base and the stdlib.
 """
 
 from __future__ import annotations
