@@ -105,6 +105,7 @@ import time
 from pathlib import Path
 
 import stats
+from trees import compile_tree, describe, extract, snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PYTHON = "~/.cache/kimi-hotfix/uv-venvs/vllm-0.29.0-py3.11/bin/python"
@@ -254,47 +255,6 @@ class Runner:
         return json.loads(lines[-1][len("KIMI_JSON:"):])
 
 
-def extract(rev, dest):
-    """The tree at ``rev`` (git archive), and its full commit id."""
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
-                            capture_output=True, text=True)
-    if commit.returncode != 0:
-        raise SystemExit(f"bench/loaded.py: no commit {rev!r} in {REPO}: {commit.stderr.strip()}")
-    dest.mkdir()
-    archive = subprocess.Popen(["git", "-C", str(REPO), "archive", "--format=tar", rev],
-                               stdout=subprocess.PIPE)
-    untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout)
-    archive.stdout.close()
-    if archive.wait() != 0 or untar.returncode != 0:
-        raise SystemExit(f"bench/loaded.py: git archive {rev} | tar -x failed")
-    return commit.stdout.strip()
-
-
-def snapshot(tree, dest):
-    """A copy of what the shim is made of in ``tree`` (sitecustomize.py,
-    kimi_hotfix/, the *.dist-info/ directories; no bytecode), taken once, so the
-    whole run measures one after tree even while someone edits it, and both sides
-    sit in the same temporary filesystem with caches compiled by the same warm-up."""
-    dest.mkdir()
-    shutil.copy2(tree / "sitecustomize.py", dest)
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(tree / "kimi_hotfix", dest / "kimi_hotfix", ignore=skip)
-    for info in tree.glob("*.dist-info"):
-        shutil.copytree(info, dest / info.name, ignore=skip)
-    return dest
-
-
-def describe(tree):
-    """A line saying what the after tree holds (commit, uncommitted paths)."""
-    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    if head.returncode != 0:
-        return "not a git checkout"
-    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--", "."],
-                           capture_output=True, text=True).stdout.splitlines()
-    return f"HEAD {head.stdout.strip()}, {len(dirty)} paths changed or untracked"
-
-
 def parse_opts(text):
     flags = []
     for item in text.split(","):
@@ -388,8 +348,7 @@ def measure(args, python, opts, after):
                 preimport[flags, kind] = preimport_set(modules)
             for side in ("before", "after"):
                 log(f"warm-up: {side}, {flag_name(flags)}")
-                subprocess.run([python, "-m", "compileall", "-q", "-o", "0", "-o", "1", "-o", "2",
-                                str(trees[side])], check=True, stdout=subprocess.DEVNULL)
+                compile_tree(python, trees[side])
                 runner.run(f"warm-up, {side}", flags, trees[side], KINDS["every target"])
 
         jobs = [(side, kind, variant, flags) for side in SIDES for kind in KINDS

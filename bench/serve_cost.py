@@ -13,8 +13,7 @@ bench/serve.py does). Two trees of the shim, each on the server's
 ``PYTHONPATH``:
 
   before   the tree at git revision ``--before`` (default 715439d), extracted
-           by ``git archive`` into a temporary directory (sitecustomize.py,
-           kimi_hotfix/, kimi_hotfix-0.1.0.dist-info/)
+           by ``git archive`` into a temporary directory (bench/trees.py)
   after    ``--after`` (default: the checkout holding this script, as its
            working tree is, uncommitted changes included), copied at the start
            (sitecustomize.py, kimi_hotfix/, kimi_hotfix-*.dist-info/; no
@@ -74,7 +73,6 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,6 +80,7 @@ import time
 from pathlib import Path
 
 import stats
+from trees import compile_tree, describe, extract, snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
@@ -95,63 +94,6 @@ PHASES = ("arm", "settle", "first_call")
 ROLE_ORDER = ("APIServer", "EngineCore", "Worker")
 TICKS = os.sysconf("SC_CLK_TCK")
 LOG_TAIL = 60  # lines of a failed server's log shown
-
-
-# -- the two trees ---------------------------------------------------------------
-
-
-def extract(rev, dest):
-    """The shim at ``rev`` (git archive of its three paths), and the full commit id."""
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
-                            capture_output=True, text=True)
-    if commit.returncode != 0:
-        raise SystemExit(f"bench/serve_cost.py: no commit {rev!r} in {REPO}: {commit.stderr.strip()}")
-    dest.mkdir()
-    archive = subprocess.Popen(["git", "-C", str(REPO), "archive", rev, "sitecustomize.py",
-                                "kimi_hotfix", "kimi_hotfix-0.1.0.dist-info"], stdout=subprocess.PIPE)
-    untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout)
-    archive.stdout.close()
-    if archive.wait() != 0 or untar.returncode != 0:
-        raise SystemExit(f"bench/serve_cost.py: git archive {rev} | tar -x failed")
-    return commit.stdout.strip()
-
-
-def snapshot(tree, dest):
-    """A copy of the shim in ``tree`` (sitecustomize.py, kimi_hotfix/, the
-    kimi_hotfix-*.dist-info/ directories; no bytecode), taken once."""
-    dest.mkdir()
-    shutil.copy2(tree / "sitecustomize.py", dest)
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(tree / "kimi_hotfix", dest / "kimi_hotfix", ignore=skip)
-    infos = sorted(tree.glob("kimi_hotfix-*.dist-info"))
-    if not infos:
-        raise SystemExit(f"bench/serve_cost.py: {tree} has no kimi_hotfix-*.dist-info")
-    for info in infos:
-        shutil.copytree(info, dest / info.name, ignore=skip)
-    return dest
-
-
-def describe(tree):
-    """What the after tree holds (commit, uncommitted paths of the shim)."""
-    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    if head.returncode != 0:
-        return "not a git checkout"
-    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--", "sitecustomize.py",
-                            "kimi_hotfix", "kimi_hotfix-*.dist-info"],
-                           capture_output=True, text=True).stdout.splitlines()
-    return f"HEAD {head.stdout.strip()}, {len(dirty)} shim paths changed or untracked"
-
-
-def compile_tree(tree):
-    """Bytecode for every optimization level, by the serving python, so that no
-    server compiles the shim."""
-    proc = subprocess.run([serving.serve_python(), "-m", "compileall", "-q", "-o", "0", "-o", "1",
-                           "-o", "2", str(tree)], capture_output=True, text=True,
-                          env=serving.server_env())
-    if proc.returncode != 0:
-        raise SystemExit(f"bench/serve_cost.py: compileall {tree} failed:\n"
-                         f"{(proc.stdout + proc.stderr)[-4000:]}")
 
 
 # -- one server ------------------------------------------------------------------
@@ -314,7 +256,7 @@ def main(argv=None):
         print(f"before: {args.before} = {commit[:12]} (git archive); "
               f"after: {args.after.resolve()} ({describe(args.after.resolve())}), copied at the start")
         for side in SIDES:
-            compile_tree(trees[side])
+            compile_tree(serving.serve_python(), trees[side], env=serving.server_env())
         model = workdir / "model"
         subprocess.run([serving.serve_python(), str(REPO / "tests/e2e/tiny_models.py"), "plain",
                         str(model)], check=True, capture_output=True, env=serving.server_env())
