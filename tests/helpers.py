@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -27,6 +28,16 @@ def _registry():
 PATCHES, TARGETS = _registry()
 SUMMARY = "kimi-hotfix {} (".format(
     re.search(r'^SHIM = "([^"]+)"', (REPO / "kimi_hotfix" / "versions.py").read_text(), re.M).group(1))
+
+
+def sample_module(tmp_path, monkeypatch, name: str, source: str):
+    """For a fixture to ``yield from``: ``source`` written as ``tmp_path/name.py``
+    and imported (a stand-in module whose functions have real source files),
+    removed from sys.modules after the test."""
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield importlib.import_module(name)
+    sys.modules.pop(name, None)
 
 
 def hermetic_env(shim: bool = True, **extra) -> dict:

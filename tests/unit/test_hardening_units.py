@@ -5,13 +5,14 @@ behaviour and the threads: test_hardening.py, in child interpreters."""
 
 from __future__ import annotations
 
-import importlib
 import types
 
 import pytest
 
 from kimi_hotfix import core, hardening, state
 from kimi_hotfix.base import PatchError
+
+from helpers import sample_module
 
 SOURCE = '''
 def limited(size, limit=3):
@@ -46,11 +47,7 @@ class Ctx:
 
 @pytest.fixture
 def sample(tmp_path, monkeypatch):
-    (tmp_path / "kimi_hsample_units.py").write_text(SOURCE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("kimi_hsample_units")
-    yield module
-    importlib.sys.modules.pop("kimi_hsample_units", None)
+    yield from sample_module(tmp_path, monkeypatch, "kimi_hsample_units", SOURCE)
 
 
 def test_require_gives_the_plain_function_or_names_what_is_missing(sample):

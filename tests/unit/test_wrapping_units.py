@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import pickle
-import sys
 
 import pytest
 import wrapt
 
 from kimi_hotfix import wrapping
 from kimi_hotfix.base import PatchError
+
+from helpers import sample_module
 
 SOURCE = '''
 def top(x):
@@ -33,11 +33,7 @@ class Outer:
 
 @pytest.fixture
 def sample(tmp_path, monkeypatch):
-    (tmp_path / "kimi_wsample_units.py").write_text(SOURCE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("kimi_wsample_units")
-    yield module
-    sys.modules.pop("kimi_wsample_units", None)
+    yield from sample_module(tmp_path, monkeypatch, "kimi_wsample_units", SOURCE)
 
 
 def passthrough(wrapped, instance, args, kwargs):
