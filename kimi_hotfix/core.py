@@ -45,14 +45,11 @@ if getattr(sys.modules.get(__package__), "__file__", None) is None:  # a namespa
     raise ImportError(f"{__package__}/__init__.py is missing: an incomplete copy of the shim")
 
 __version__ = versions.SHIM
+patches = registry.patches
 patch_names = registry.names
 armed_by = state.armed_by
 current_config = state.config
 listeners: list = []  # called with a snapshot (no lock held) wherever the line may have changed
-
-
-def patches() -> dict:
-    return registry.patches()
 
 
 def load_wrapt():

@@ -96,7 +96,6 @@ class PodGone(OSError):
     private directory: never recreated, never written (said once, no traceback)."""
 
 
-_title_role = identity.title_role
 role = identity.role
 _start_time = identity.start_time
 _pid_ns = identity.pid_ns
