@@ -173,11 +173,8 @@ def _install_metrics() -> None:
                                         if registry.target(n)]):
             load_wrapt().register_post_import_hook(_serving, metrics.PROMETHEUS)
         listeners.append(metrics.publish)
-    except Exception as exc:  # the exporter never takes the patches down with it...
-        why = f"installing the exporter failed ({describe(exc)})"
-        messages.emit(messages.METRICS_FAILED, why, exc_info=True)
-        if cfg.strict:  # ...but a canary in strict mode learns that the shim is broken
-            raise KimiHotfixError(f"metrics: {why}") from exc
+    except Exception as exc:
+        _exporter_failed(f"installing the exporter failed ({describe(exc)})", exc)
 
 
 def _serving(module) -> None:
@@ -186,12 +183,17 @@ def _serving(module) -> None:
     try:
         from kimi_hotfix import scrape
     except Exception as exc:
-        why = f"loading kimi_hotfix.scrape failed ({describe(exc)})"
-        messages.emit(messages.METRICS_FAILED, why, exc_info=True)
-        if _strict():
-            raise KimiHotfixError(f"metrics: {why}") from exc
+        _exporter_failed(f"loading kimi_hotfix.scrape failed ({describe(exc)})", exc)
         return
     scrape.on_prometheus_client(module)
+
+
+def _exporter_failed(why: str, exc: BaseException) -> None:
+    """The exporter never takes the patches down with it (logged once per
+    failure), but a canary in strict mode learns that the shim is broken."""
+    messages.emit(messages.METRICS_FAILED, why, exc_info=True)
+    if _strict():
+        raise KimiHotfixError(f"metrics: {why}") from exc
 
 
 def _hook(name: str):
