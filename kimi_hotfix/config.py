@@ -105,13 +105,16 @@ def _names(name, value, valid, warnings):
     return frozenset(chosen)
 
 
-def parse(valid_names, environ=None) -> Config:
+def parse(valid_names, environ=None, switches=()) -> Config:
+    """``valid_names``: the patches; ``switches``: what else KIMI_HOTFIX_DISABLE
+    (not FORCE) may name (-O parity, kimi_hotfix.parity)."""
     env = os.environ if environ is None else environ
     warnings: list = []
     valid = tuple(valid_names)
     # the master switch fails closed (see the docstring): an unknown value is off
     enabled = _flag("KIMI_HOTFIX", env.get("KIMI_HOTFIX"), True, warnings, unknown=False)
-    disabled = _names("KIMI_HOTFIX_DISABLE", env.get("KIMI_HOTFIX_DISABLE"), valid, warnings)
+    disabled = _names("KIMI_HOTFIX_DISABLE", env.get("KIMI_HOTFIX_DISABLE"),
+                      (*switches, *valid), warnings)
     forced = _names("KIMI_HOTFIX_FORCE", env.get("KIMI_HOTFIX_FORCE"), valid, warnings)
     both = sorted(disabled & forced)
     if both:

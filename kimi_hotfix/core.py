@@ -45,6 +45,7 @@ if getattr(sys.modules.get(__package__), "__file__", None) is None:  # a namespa
     raise ImportError(f"{__package__}/__init__.py is missing: an incomplete copy of the shim")
 
 __version__ = versions.SHIM
+O_PARITY = "o_parity"  # -O parity (kimi_hotfix.parity): armed here, before any target; no registry patch
 patches = registry.patches
 patch_names = registry.names
 armed_by = state.armed_by
@@ -110,8 +111,9 @@ def _arm(source: str) -> None:
     with state.lock():
         if state.config() is not None:
             return
-        cfg = _config_mod.parse(registry.names())
+        cfg = _config_mod.parse(registry.names(), switches=(O_PARITY,))
         state.configure(cfg, {name: initial_state(name, cfg) for name in registry.names()})
+        state.put(O_PARITY, initial_state(O_PARITY, cfg))
     messages.setup(cfg.log_level, cfg.log_format)
     for message, args in cfg.warnings:
         messages.emit(message, *args)
@@ -119,7 +121,8 @@ def _arm(source: str) -> None:
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=after_fork_in_child)
     _said_broken([n for n, s in state.states().items() if s.kind == Kind.FAILED])
-    pending = [n for n, s in state.states().items() if s.kind == Kind.PENDING]
+    _arm_parity(cfg)  # before the hooks: vLLM's modules imported from now on load with it
+    pending = [n for n in registry.names() if state.get(n).kind == Kind.PENDING]
     if not pending:
         return
     try:
@@ -144,13 +147,66 @@ def _arm(source: str) -> None:
             wrapt.register_post_import_hook(_hook(name), target)
 
 
+def _arm_parity(cfg) -> None:
+    """-O parity (kimi_hotfix.parity): under -O, vLLM's modules run plain
+    Python's bytecode. Its module loads only under -O."""
+    if state.get(O_PARITY).kind != Kind.PENDING:
+        return  # disabled
+    if not sys.flags.optimize:
+        state.put(O_PARITY, State(Kind.NOT_AFFECTED, "python without -O keeps vLLM's asserts"))
+        return
+    try:
+        from kimi_hotfix import parity
+
+        parity.arm(_parity_changed)
+    except Exception as exc:  # contained: the patches go on, vLLM runs with -O's bytecode
+        why = describe(exc)
+        state.put(O_PARITY, State(Kind.FAILED, f"{why}: vLLM's modules run with -O's bytecode"))
+        messages.emit(messages.PARITY_FAILED, why, exc_info=True)
+        if cfg.strict:
+            raise KimiHotfixError(f"{O_PARITY}: {why}") from exc
+        return
+    _parity_changed()
+
+
+def _parity_changed() -> None:
+    """Parity's report changed (armed; a module imported before arming got its
+    plain code, or could not): its state says so; a module kept at -O's code
+    is logged once; strict mode raises."""
+    from kimi_hotfix import parity
+
+    report = parity.report()
+    if report is None or report.undone:
+        return
+    said, text = state.get(O_PARITY), report.text()
+    if said == State(Kind.APPLIED, text):
+        return
+    state.put(O_PARITY, State(Kind.APPLIED, text))
+    if report.mode() == "partial" and "partial" not in said.detail.split(":", 1)[0]:
+        messages.emit(messages.PARITY_PARTIAL, text)
+        if _strict():
+            raise KimiHotfixError(f"{O_PARITY}: {text}")
+    log_if_changed()
+
+
+def parity_mode() -> str:
+    """Which -O parity is in force in this process (kimi_hotfix.parity):
+    ``package``, ``late``, ``partial``, ``off``, ``plain``, ``failed``, or
+    ``pending`` before arming."""
+    current = parity_state()
+    if current.kind == Kind.APPLIED:
+        return current.detail.split(":", 1)[0]
+    return {Kind.NOT_AFFECTED: "plain", Kind.DISABLED: "off", Kind.FAILED: "failed"}.get(
+        current.kind, "pending")
+
+
 def _half_imported(module) -> bool:  # importwatch.initializing, not loading it for nothing
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def _fail_pending(reason: str) -> None:
     """Every pending patch becomes ``failed: reason``."""
-    for name in registry.names():
+    for name in (O_PARITY, *registry.names()):  # parity's state is stored beside the patches'
         state.update(name, lambda s: State(Kind.FAILED, reason) if s.kind == Kind.PENDING else s)
 
 
@@ -416,7 +472,9 @@ def undo(name: Optional[str] = None) -> dict:
     """Put back vLLM's original methods for one patch (or all): a rollback. A
     patch still pending (or being applied) stays off. The states say what could
     not be restored (something else re-wrapped it since)."""
-    for patch_name in [name] if name else list(registry.names()):
+    if name in (None, O_PARITY):
+        _undo_parity()
+    for patch_name in [name] if name and name != O_PARITY else list(registry.names()):
         current = state.mark_undone(patch_name, State(Kind.DISABLED, "undone", undone=True))
         if current is None or current.kind != Kind.APPLIED:
             continue
@@ -429,11 +487,26 @@ def undo(name: Optional[str] = None) -> dict:
     return states()
 
 
+def _undo_parity() -> None:
+    """Parity's finder off, the in-place code back; modules it loaded keep plain bytecode."""
+    if state.config() is None or state.get(O_PARITY).kind != Kind.APPLIED:
+        return
+    parity = sys.modules.get("kimi_hotfix.parity")
+    kept = parity.undo() if parity is not None else 0
+    detail = "undone"
+    if kept:
+        detail += f"; {kept} vLLM modules loaded since arming keep plain bytecode (a re-import would not)"
+    state.put(O_PARITY, State(Kind.DISABLED, detail, undone=True))
+
+
 def reapply(name: Optional[str] = None) -> dict:
     """Decide and apply again the patches undo() took out (at once where their
     module is loaded, else when vLLM imports it)."""
     with batch():
-        for patch_name in [name] if name else list(registry.names()):
+        if name in (None, O_PARITY) and state.config() is not None and state.get(O_PARITY).undone:
+            state.put(O_PARITY, State(Kind.PENDING))
+            _arm_parity(state.config())
+        for patch_name in [name] if name and name != O_PARITY else list(registry.names()):
             if state.get(patch_name).undone:
                 state.put(patch_name, State(Kind.PENDING))
                 module = sys.modules.get(registry.target(patch_name))
@@ -449,19 +522,34 @@ _silent = False  # a child forked only to exec another program logs nothing
 _batch = threading.local()
 
 
+def parity_state() -> State:
+    """-O parity's state in this process (``pending`` before arming)."""
+    return state.get(O_PARITY) if state.config() is not None else State(Kind.PENDING)
+
+
+def _parity_head() -> str:
+    """The summary line's head names the -O parity in force, under -O only."""
+    if not sys.flags.optimize:
+        return ""
+    current = parity_state()
+    if current.kind == Kind.APPLIED:
+        return f", -O parity: {current.detail}"
+    return f", -O parity: {current.line_text()}"
+
+
 def summary_line() -> str:
     parts = [f"{name}: {current.line_text()}" for name, current in state.states().items()]
     version = versions.vllm_version() or ("version unknown" if "vllm" in sys.modules
                                            else "not installed")
     return (f"kimi-hotfix {__version__} (vllm {version}, "
-            f"{versions.python_label()}): " + " | ".join(parts))
+            f"{versions.python_label()}{_parity_head()}): " + " | ".join(parts))
 
 
 def _fields() -> dict:
     """The summary line's parts, for the JSON log format."""
     parts = {name: str(current) for name, current in state.states().items()}
     return {"version": __version__, "vllm": versions.vllm_version() or None,
-            "python": versions.python_label(), "states": parts}
+            "python": versions.python_label(), "o_parity": str(parity_state()), "states": parts}
 
 
 def snapshot() -> dict:
@@ -469,7 +557,7 @@ def snapshot() -> dict:
     cfg = state.config()
     return {"states": state.states(), "cost": state.cost(), "armed_by": state.armed_by(),
             "version": __version__, "enabled": cfg is None or cfg.enabled,
-            "pod_files": cfg is None or cfg.pod_files}
+            "pod_files": cfg is None or cfg.pod_files, "o_parity": parity_mode()}
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """The generated tables of README.md and docs/troubleshooting.md: what the shim
-fixes (from the patches' metadata), every line it can log (from
+fixes (from the patches' metadata, -O parity's first), every line it can log (from
 kimi_hotfix.messages: docs/troubleshooting.md), the states, and the exit codes
 of the commands (from kimi_hotfix.exitcodes, which ``--help`` prints too).
 
@@ -30,7 +30,9 @@ STATES = {
 def patch_table() -> str:
     rows = ["| what you see | patch | what it changes | upstream | fixed in |",
             "|---|---|---|---|---|"]
-    for patch in registry.patches().values():
+    from kimi_hotfix import parity_probe  # -O parity's metadata, next to the patches'
+
+    for patch in (parity_probe.PROBE, *registry.patches().values()):
         for i, symptoms in enumerate(patch.symptom_rows):
             seen = "<br>".join(f"`{s}`" if s.startswith(("ValueError", "AttributeError"))
                                else s for s in symptoms)

@@ -99,6 +99,20 @@ FORK_INTERRUPTED = Message(
     "a rare race; this forked process runs that patch's code unpatched (`failed`)",
     "start workers with spawn, or arm before starting threads")
 
+PARITY_FAILED = Message(
+    logging.WARNING, "kimi-hotfix: o_parity: %s; vLLM's modules run with -O's bytecode (asserts stripped)",
+    "kimi-hotfix: o_parity: <error>; vLLM's modules run with -O's bytecode (asserts stripped)",
+    "-O parity could not be installed: vLLM runs as under plain -O (`o_parity: failed`); "
+    "the other patches are unaffected",
+    "run `check`; report it with the traceback that follows")
+PARITY_PARTIAL = Message(
+    logging.WARNING, "kimi-hotfix: o_parity: %s",
+    "kimi-hotfix: o_parity: partial: ...; kept -O's code: <module> (<why>) ...",
+    "the shim armed after vLLM modules had run (a launcher's plugin arming) and some of their "
+    "code could not be given plain bytecode: their asserts stay stripped (named in the line)",
+    "arm the shim before vLLM is imported (the bootstrap first on PYTHONPATH); "
+    "for `changed after this process started`, restart")
+
 METRICS_FAILED = Message(
     logging.WARNING, "kimi-hotfix: metrics: %s; /metrics lacks the kimi_hotfix series",
     "kimi-hotfix: metrics: <what failed>; /metrics lacks the kimi_hotfix series",
@@ -135,7 +149,8 @@ CONFIG_LEVEL = Message(
 
 CATALOG = (SUMMARY, INACTIVE, WRAPT_MISSING, ARMING_FAILED, LOAD_FAILED, HOOK_FAILED,
            UNSURE_APPLIED, UNSURE_FAILED, APPLY_FAILED, WRAPPER_FAILED, UNDO_INCOMPLETE, FORK_INTERRUPTED,
-           METRICS_FAILED, POD_REFUSED, CONFIG_FLAG, CONFIG_NAMES, CONFIG_BOTH, CONFIG_LEVEL)
+           PARITY_FAILED, PARITY_PARTIAL, METRICS_FAILED, POD_REFUSED, CONFIG_FLAG, CONFIG_NAMES,
+           CONFIG_BOTH, CONFIG_LEVEL)
 
 
 def emit(message: Message, *args, exc_info=None, fields=None) -> None:

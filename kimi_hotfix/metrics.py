@@ -55,9 +55,9 @@ INFO_METRIC = "kimi_hotfix_info"
 COST_METRIC = "kimi_hotfix_cost_seconds"
 STATE_HELP = "kimi-hotfix patch state in a vLLM process: 1 for its current state kind, 0 for the others"
 INFO_HELP = ("kimi-hotfix on the path of a vLLM process (its version, vLLM's, python's optimize flag, "
-             "the kill switch, what armed it)")
+             "the kill switch, what armed it, the -O parity in force)")
 COST_HELP = "seconds a vLLM process spent in kimi-hotfix, by phase (arm, settle, first_call)"
-INFO_LABELS = ["version", "vllm", "python", "enabled", "armed_by"]
+INFO_LABELS = ["version", "vllm", "python", "enabled", "armed_by", "o_parity"]
 MARKER = "_self_kimi_hotfix_metrics"
 PROMETHEUS = "prometheus_client"
 MULTIPROC_VARS = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
@@ -109,7 +109,8 @@ def record() -> dict:
         "info": {"version": told.get("version", ""), "vllm": versions.vllm_version() or "",
                  "python": versions.python_label(),
                  "enabled": "false" if told.get("enabled") is False else "true",
-                 "armed_by": ",".join(dict.fromkeys(told.get("armed_by", ())))},
+                 "armed_by": ",".join(dict.fromkeys(told.get("armed_by", ()))),
+                 "o_parity": told.get("o_parity", "pending")},
         "states": {name: current.kind.value for name, current in told.get("states", {}).items()},
         "cost": dict(told.get("cost", {})),
     }

@@ -257,14 +257,15 @@ def check_patch(core, patch, state, import_error=None) -> dict:
         entry["without"] = entry["with"] = {"ok": None, "error": import_error}
         entry["problems"].append(import_error)
         return entry
+    toggle = getattr(patch, "toggled", None) or (lambda on: toggled(patch.name, on))
     try:
-        with toggled(patch.name, False):  # checks and probe see vLLM's own code
+        with toggle(False):  # checks and probe see vLLM's own code
             entry["decisions"] = _decisions(core, patch, sys.modules.get(patch.target))
             left = _still_wrapped(patch)
             entry["without"] = run_probe(patch)
             if left:
                 entry["without"] = {"ok": None, "error": f"{', '.join(left)} still wrapped"}
-        with toggled(patch.name, True) as state_with:
+        with toggle(True) as state_with:
             entry["state_with"] = str(state_with)
             entry["with"] = run_probe(patch)
             after = core.states()[patch.name]
@@ -357,15 +358,18 @@ def run() -> dict:
             core.arm("check")
         except Exception as exc:  # strict mode
             arm_error = f"{type(exc).__name__}: {exc}"
+        from kimi_hotfix import parity_probe  # -O parity: core arms it; check probes it first
+
+        probed = {parity_probe.PROBE.name: parity_probe.PROBE, **core.patches()}
         import_errors = {}
-        for name, patch in core.patches().items():
+        for name, patch in probed.items():
             try:
                 importlib.import_module(patch.target)
             except Exception as exc:
                 import_errors[name] = f"cannot import {patch.target}: {type(exc).__name__}: {exc}"
-        chosen = core.states()
+        chosen = {parity_probe.PROBE.name: core.parity_state(), **core.states()}
         results = [check_patch(core, patch, chosen[name], import_errors.get(name))
-                   for name, patch in core.patches().items()]
+                   for name, patch in probed.items()]
         found = device()
     levels = _levels(results)
     problems = [f"{r['name']}: {p}" for r in results for p in r["problems"]]

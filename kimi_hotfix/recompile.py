@@ -1,12 +1,9 @@
 """Recompile a vLLM function from vLLM's own source after an AST edit.
 
-Two patches need more than a wrapper around a function:
-
-- a patch may change statements inside vLLM's functions
-  (``assert`` becomes an explicit ``raise``);
-- a patch on a per-step hot path (a method that runs every engine step), where
-  the extra Python frame of any wrapper costs several microseconds; it inserts a
-  one-comparison guard at the top of vLLM's own body instead.
+A patch on a per-step hot path (a method that runs every engine step), where
+the extra Python frame of any wrapper costs several microseconds, inserts a
+one-comparison guard at the top of vLLM's own body instead of wrapping it
+(the KDA builder patch).
 
 The source is parsed with its positions as in the file (lines and columns), so
 tracebacks through the recompiled function point at vLLM's own lines, and the
@@ -19,12 +16,10 @@ function's (a stale or edited ``.py`` next to the cached bytecode, or a function
 that is not what its source says, raises ``PatchError`` and the caller keeps
 the original). Nothing of the source runs before that check (the def is found
 in the compiled module, not executed) nor after it (defaults, annotations and
-decorators are not evaluated: the result takes the running function's). Under
-``-O`` the running code has no asserts to compare with, so a recompile that
-compiles them (``optimize=0``: kimi_hotfix.hardening) first requires that the
-``.py`` on disk is the source of the running code: its bytecode for this
-optimize level records it, or, with no such bytecode, the file has not changed
-since the process started.
+decorators are not evaluated: the result takes the running function's). The
+running code was compiled at the interpreter's optimize level, or, for vLLM's
+modules under ``-O`` parity (kimi_hotfix.parity), plain: the check finds which,
+and the edited function is compiled at that level.
 
 Compiled "the way the interpreter compiled the module" means, on every Python
 from 3.9 to 3.13: with the module's own ``from __future__`` flags (read from
@@ -42,7 +37,6 @@ import ast
 import copy
 import functools
 import linecache
-import os
 import sys
 import types
 
@@ -449,76 +443,32 @@ def _requalify(code, old, new, name):
     return code.replace(**changes)
 
 
-def _process_started():
-    """When this process started (seconds since the epoch), from /proc; None unknown."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as f:
-            boot = int(next(line.split()[1] for line in f if line.startswith(b"btime ")))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def not_the_running_source(filename):
-    """Why the ``.py`` on disk may not be the source of the code this process
-    runs under -O, or None: the bytecode of this optimize level records another
-    source (its hash, or its mtime and size), or, where there is no such
-    bytecode, the file changed after this process started (it was compiled from
-    what the file held then)."""
-    import importlib.util
-
-    try:
-        info = os.stat(filename)
-        cached = importlib.util.cache_from_source(filename, optimization=sys.flags.optimize)
-    except (OSError, ValueError, NotImplementedError):
-        return f"{filename} cannot be read"
-    try:
-        with open(cached, "rb") as f:
-            header = f.read(16)
-    except OSError:
-        header = b""
-    if len(header) == 16 and header[:4] == importlib.util.MAGIC_NUMBER:
-        flags = int.from_bytes(header[4:8], "little")
-        if flags & 1:  # hash-based bytecode
-            with open(filename, "rb") as f:
-                same = importlib.util.source_hash(f.read()) == header[8:16]
-        else:
-            same = (int.from_bytes(header[8:12], "little") == int(info.st_mtime) & 0xFFFFFFFF
-                    and int.from_bytes(header[12:16], "little") == info.st_size & 0xFFFFFFFF)
-        return None if same else f"{filename} differs from its bytecode ({os.path.basename(cached)})"
-    started = _process_started()
-    if started is not None and info.st_mtime > started:
-        return f"{filename} changed after this process started"
-    return None
-
-
 def recompile(func, edit, *, optimize=-1, cells=None):
     """vLLM's ``func`` recompiled from its source after ``edit(tree)`` changed
     the parsed ``ast.Module`` in place (its one ``FunctionDef`` keeps its name;
     decorators are dropped: pass the undecorated function). ``cells``: names
     the edited code may use, bound as closure variables. ``optimize``: as for
-    ``compile`` (-1: like the running interpreter)."""
+    ``compile`` (-1: the level the running code was compiled at)."""
     if not isinstance(func, types.FunctionType):
         raise PatchError(f"{func!r} is not a Python function; cannot recompile")
     if func.__code__.co_freevars:
         raise PatchError(f"{func.__qualname__} uses a closure; cannot recompile")
     cells = dict(cells or {})
     filename = func.__code__.co_filename
-    if optimize == 0 and sys.flags.optimize:  # compiles asserts -O stripped: never compared
-        why = not_the_running_source(filename)
-        if why:
-            raise PatchError(f"{func.__qualname__}: {why}: its asserts cannot be checked "
-                             "against the running code under -O; not recompiled")
-    linecache.checkcache(filename)  # the text on disk now, the one just vouched for
+    linecache.checkcache(filename)  # the text on disk now
     tree = _undecorated(function_ast(func))
     running = _fingerprint(func.__code__)
-    for imported in _declarations(filename):
-        if _fingerprint(_def_code(_compile(func, tree, -1, {}, imported))) == running:
-            break
-    else:
+    # the level the running code was compiled at: the interpreter's, or plain
+    # (vLLM's modules under -O parity: kimi_hotfix.parity)
+    levels = dict.fromkeys((sys.flags.optimize, 0))
+    found = next(((level, imported) for level in levels for imported in _declarations(filename)
+                  if _fingerprint(_def_code(_compile(func, tree, level, {}, imported))) == running),
+                 None)
+    if found is None:
         raise PatchError(f"source of {func.__qualname__} does not match its running code")
+    level, imported = found
+    if optimize == -1:
+        optimize = level
     if not _same_defaults(func, tree.body[0]):
         raise PatchError(f"source of {func.__qualname__} does not match its running code "
                          "(its default values differ, or are not literals)")

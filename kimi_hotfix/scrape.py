@@ -6,22 +6,25 @@ A dashboard that scrapes a vLLM server sees, for each process of it (the API
 server, the EngineCore, the workers), labelled with its ``pid`` and vLLM's
 ``role`` for it::
 
-    kimi_hotfix_info{armed_by="sitecustomize",enabled="true",pid="812",python="python -O",
-                     role="EngineCore",version="0.1.0",vllm="0.29.0"} 1.0
+    kimi_hotfix_info{armed_by="sitecustomize",enabled="true",o_parity="package",pid="812",
+                     python="python -O",role="EngineCore",version="0.1.0",vllm="0.29.0"} 1.0
     kimi_hotfix_patch_state{patch="<name>",pid="812",role="EngineCore",state="applied"} 1.0
     kimi_hotfix_patch_state{patch="<name>",pid="812",role="EngineCore",state="pending"} 0.0
     kimi_hotfix_cost_seconds{phase="settle",pid="812",role="EngineCore"} 0.004
 
 * ``kimi_hotfix_info`` is there wherever the shim is on the path of a vLLM
   process, the kill switch included (``enabled="false"``, every patch
-  ``disabled``): a vLLM target without it runs without the shim.
+  ``disabled``): a vLLM target without it runs without the shim. Its
+  ``o_parity`` label says which -O parity is in force (kimi_hotfix.parity):
+  ``package``, ``late``, ``partial``, ``off``, ``failed``, or ``plain``
+  (no ``-O``: vLLM's asserts are live).
 * ``kimi_hotfix_patch_state`` follows prometheus_client's ``Enum`` convention:
   one series per patch and state kind (``kimi_hotfix.base.Kind``), 1 for the
   current kind, 0 for the others.
 * ``kimi_hotfix_cost_seconds{phase}``: wall seconds this process spent in the
   shim: ``arm`` (reading the environment, importing wrapt, registering the
   hooks), ``settle`` (deciding and wrapping, at the patches' imports),
-  ``first_call`` (recompiling a hardened function on its first call).
+  ``first_call`` (a patch's own work on a first call: none of today's).
 * ``role``: the name vLLM gives the process: ``multiprocessing``'s process
   name (``EngineCore``, ``VllmWorker-0``, ``ApiServer_1``: vLLM's log prefix
   but for the workers, which log as ``Worker``), else the ``PREFIX::NAME``

@@ -399,7 +399,7 @@ def status_report() -> dict:
     core, registry, config = (sys.modules.get(f"kimi_hotfix.{m}")
                               for m in ("core", "registry", "config"))
     names = registry.names() if registry is not None else ()
-    cfg = config.parse(names) if config is not None else None
+    cfg = config.parse(names, switches=("o_parity",)) if config is not None else None
     toggles = {
         "enabled": cfg.enabled,
         "disabled": sorted(cfg.disabled),
@@ -414,6 +414,7 @@ def status_report() -> dict:
     wrapt = _wrapt_info()
     patches = []
     usable = registry is not None and "kimi_hotfix.patching" in sys.modules  # the patch API loads
+    parity = _parity_entry(core, cfg, broken, python["optimize"], vllm_version) if usable else None
     for name, patch in (registry.patches().items() if usable else ()):
         if core is None:  # nothing can arm: every patch fails with the cause
             first = broken[0]
@@ -454,9 +455,36 @@ def status_report() -> dict:
         "toggles": toggles,
         "shim": shim,
         "plugin": plugin,
+        "o_parity": parity,  # -O parity: armed by the shim, not a patch (kimi_hotfix.parity)
         "patches": patches,
         "broken": broken,
     }
+
+
+def _parity_entry(core, cfg, broken, optimize, vllm_version):
+    """-O parity (kimi_hotfix.parity: armed by core, not a registry patch), as
+    the patches are listed; None where its module cannot load (``broken`` names it)."""
+    try:
+        from kimi_hotfix.parity_probe import PROBE
+    except Exception:
+        return None
+    if core is None:
+        first = broken[0]
+        state = State(Kind.FAILED, f"the shim cannot arm: {first['module']} cannot load "
+                                   f"({first['error']})")
+    else:
+        state = core.initial_state(PROBE.name, cfg)
+        if state.kind == Kind.PENDING and not optimize:
+            state = State(Kind.NOT_AFFECTED, "python without -O keeps vLLM's asserts")
+    decision = (str(state) if state.kind != Kind.PENDING else
+                "when the shim arms (as vLLM is imported): vLLM's modules load with plain "
+                "Python's bytecode")
+    needed, why = PROBE.expect(vllm_version, optimize)
+    return {"name": PROBE.name, "kind": state.kind.value, "state": str(state),
+            "target": PROBE.target, "wraps": [], "wraps_note": "", "upstream": PROBE.upstream,
+            "fixed_in": PROBE.fixed_in, "summary": PROBE.summary,
+            "symptoms": [s for row in PROBE.symptom_rows for s in row], "decision": decision,
+            "expected_needed": needed, "expectation": why}
 
 
 def _onoff(value):
@@ -516,9 +544,10 @@ def print_status(report, out=None):
         w("  patches    none can be listed: the shim's own files cannot load (above)\n")
         return
     w("  patches    here: what this interpreter does; expect: from the version string only\n")
-    width = max(len(p["name"]) for p in report["patches"])
+    shown = ([report["o_parity"]] if report.get("o_parity") else []) + report["patches"]
+    width = max(len(p["name"]) for p in shown)
     pad = " " * (4 + width + 2)
-    for p in report["patches"]:
+    for p in shown:
         _wrapped(w, f"    {p['name']:<{width}}  ", p["summary"], pad)
         _wrapped(w, f"{pad}state   ", p["state"], pad + " " * 8)
         if p["decision"] != p["state"]:

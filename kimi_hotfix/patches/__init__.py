@@ -15,7 +15,5 @@ PATCHES = {
     "kv_spec_merge": "vllm.v1.kv_cache_interface",
     "capture_workspace": "vllm.v1.worker.gpu.cudagraph_utils",
     "kda_overlong_rows": "vllm.models.kimi_k3.nvidia.kda_metadata",
-    "inner_dp_group": "vllm.distributed.parallel_state",
-    "config_checks": "vllm.config.vllm",
 }
 PATCH_MODULES = tuple(PATCHES)

@@ -1,10 +1,12 @@
-"""The -O hazards the new patches cover, without and with each patch (child side).
+"""The -O hazards that -O parity covers, without and with it (child side).
 
 ``run()`` is child.py's ``o_parity`` section, in the children that run with
 ``KIMI_HOTFIX=0`` (harness.PLAN's ``off`` configurations, seed 0): the shim arms
-nothing by itself; this module applies inner_dp_group and config_checks through
-their own ``apply`` (with the shim's recorder) and puts vLLM's functions back
-after each case. It runs last in the child: it leaves a one-process gloo world.
+nothing by itself, so vLLM runs as released. "With" parity, this module gives
+the modules a case runs their plain code in place, as -O parity does for a
+module imported before the shim armed (kimi_hotfix.parity.swap: the late
+path, checked by Python's rule for bytecode), and puts vLLM's code back after
+each case. It runs last in the child: it leaves a one-process gloo world.
 Alone, ``python [-O] tests/real/child_o_parity.py`` prints one ``KIMI_JSON:`` line.
 
   barrier   vLLM's ``_all_workers_barrier`` (CPU KV offload) in a one-process
@@ -13,8 +15,10 @@ Alone, ``python [-O] tests/real/child_o_parity.py`` prints one ``KIMI_JSON:`` li
   config    ``VllmConfig.validate_block_size`` on a DCP8 config whose interleave
             size does not fit the block, and on one that fits; the NIXL P/D
             DCP check of ``VllmConfig.__post_init__`` where the release has it
-  decide    each patch's decision in this interpreter
-  probes    each patch's probe, without and with the patch
+  planner   the planner's start-up invariants (workers that disagree, a grouping
+            that leaves a layer out)
+  decide    -O parity's decision in this interpreter
+  probes    -O parity's probe (check's), without and with it
 
 No ``assert`` here: the child runs under -O.
 """
@@ -58,17 +62,25 @@ def outcome(call):
     return "ok" if value is None else f"returned {value!r}"[:300]
 
 
-def patched(patch, module, call):
-    """``call()`` with ``patch`` applied to ``module``; vLLM's own objects back after."""
-    from kimi_hotfix import core, wrapping
+def with_parity(modules, call):
+    """``call()`` with the functions of ``modules`` given their plain code in
+    place (kimi_hotfix.parity.swap); vLLM's own code back after."""
+    import importlib
 
-    records = []
-    patch.apply(module, wrapping.PatchContext(patch.name, records, core.load_wrapt,
-                                              core.wrapper_failed, core.spent))
+    from kimi_hotfix import parity
+
+    report = parity.Report()
+    done = len(parity._swaps)
+    for name in modules:
+        parity.swap(importlib.import_module(name), report)
     try:
+        if report.refused:
+            return f"refused: {report.refused}"
         return call()
     finally:
-        wrapping.uninstall(records)
+        while len(parity._swaps) > done:
+            func, old = parity._swaps.pop()
+            func.__code__ = old
 
 
 def free_port():
@@ -91,8 +103,6 @@ def _barrier():
     from vllm.distributed import parallel_state
     from vllm.v1.kv_offload.cpu import spec
 
-    from kimi_hotfix.patches.inner_dp_group import PATCH
-
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
                             world_size=1, rank=0)
     parallel_state._WORLD = parallel_state.init_world_group([0], 0, "gloo")
@@ -100,18 +110,19 @@ def _barrier():
     own = parallel_state.get_inner_dp_world_group  # vLLM's own, before any patch
     out = {"inner_dp_world": None if inner is None else repr(inner)}
     out["without"] = outcome(spec._all_workers_barrier)
-    out["with"] = patched(PATCH, parallel_state, lambda: outcome(spec._all_workers_barrier))
+    modules = ("vllm.distributed.parallel_state",)
+    out["with"] = with_parity(modules, lambda: outcome(spec._all_workers_barrier))
     def getter():
         return outcome(lambda: repr(parallel_state.get_inner_dp_world_group()))
 
     out["getter_without"] = getter()
-    out["getter_with"] = patched(PATCH, parallel_state, getter)
+    out["getter_with"] = with_parity(modules, getter)
     # identity, not __module__ (wrapt forwards it: a wrapper still in place reads the same)
     out["restored"] = parallel_state.get_inner_dp_world_group is own
     return out
 
 
-def _nixl(config_module, patch):
+def _nixl(config_module):
     """VllmConfig(...) with NIXL P/D and DCP 4 on TP 8 (the check wants 1 or 8)."""
     import inspect
 
@@ -128,36 +139,38 @@ def _nixl(config_module, patch):
         )
 
     return {"present": True, "without": outcome(build),
-            "with": patched(patch, config_module, lambda: outcome(build))}
+            "with": with_parity(CONFIG, lambda: outcome(build))}
 
 
 @section("config")
 def _config():
     from vllm.config import vllm as config_module
 
-    from kimi_hotfix.patches.config_checks import PATCH, probe
-
     out = {}
     for label, interleave in (("misfit", 128), ("fit", 64)):
         def run(interleave=interleave):
-            config = probe.misfit_config()
+            config = config_module.VllmConfig()
+            config.parallel_config.decode_context_parallel_size = 8
+            config.cache_config.block_size = 64
             config.parallel_config.cp_kv_cache_interleave_size = interleave
             return outcome(config.validate_block_size)
 
-        out[label] = {"without": run(), "with": patched(PATCH, config_module, run)}
-    out["nixl"] = _nixl(config_module, PATCH)
+        out[label] = {"without": run(), "with": with_parity(CONFIG, run)}
+    out["nixl"] = _nixl(config_module)
     out["default_config"] = {
         "without": outcome(lambda: config_module.VllmConfig() and None),
-        "with": patched(PATCH, config_module,
-                        lambda: outcome(lambda: config_module.VllmConfig() and None)),
+        "with": with_parity(CONFIG, lambda: outcome(lambda: config_module.VllmConfig() and None)),
     }
     return out
 
 
+CONFIG = ("vllm.config.vllm",)
+
+
 @section("planner")
 def _planner():
-    """The planner's start-up invariants (no patch): workers whose specs differ,
-    and (0.33) a grouping that leaves a layer out."""
+    """The planner's start-up invariants: workers whose specs differ, and
+    (0.33) a grouping that leaves a layer out."""
     import importlib
 
     import torch
@@ -176,51 +189,52 @@ def _planner():
         planning = None
     if planning is not None and hasattr(planning, "get_global_kv_cache_groups"):
         out["where"] = "kv_cache_planning.get_global_kv_cache_groups"
-        out["workers_differ"] = outcome(
+        modules = ("vllm.v1.core.kv_cache_planning",)
+        differ = lambda: outcome(  # noqa: E731
             lambda: planning.get_global_kv_cache_groups(VllmConfig(), workers) and None)
         groups = [KVCacheGroupSpec(["model.layers.0.attn"], spec(torch.bfloat16))]
         specs = {"model.layers.0.attn": spec(torch.bfloat16),
                  "model.layers.1.attn": spec(torch.bfloat16)}
-        out["partition_misses_a_layer"] = outcome(
+        partition = lambda: outcome(  # noqa: E731
             lambda: planning._check_exact_partition(groups, specs))
+        out["partition_misses_a_layer"] = {"without": partition(),
+                                           "with": with_parity(modules, partition)}
     else:
         utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
         out["where"] = "kv_cache_utils.get_kv_cache_configs"
-        out["workers_differ"] = outcome(
+        modules = ("vllm.v1.core.kv_cache_utils",)
+        differ = lambda: outcome(  # noqa: E731
             lambda: utils.get_kv_cache_configs(VllmConfig(), workers, [1 << 30, 1 << 30]) and None)
+    out["workers_differ"] = {"without": differ(), "with": with_parity(modules, differ)}
     return out
 
 
 @section("decide")
 def _decide():
-    from vllm.config import vllm as config_module
-    from vllm.distributed import parallel_state
+    import vllm
 
-    from kimi_hotfix.patches.config_checks import PATCH as CONFIG
-    from kimi_hotfix.patches.inner_dp_group import PATCH as INNER
+    from kimi_hotfix.parity_probe import PROBE
 
-    out = {}
-    for patch, module in ((INNER, parallel_state), (CONFIG, config_module)):
-        decision = patch.check(module, sys.flags.optimize)
-        out[patch.name] = {"verdict": decision.verdict, "reason": decision.reason}
-    return out
+    decision = PROBE.check(vllm, sys.flags.optimize)
+    return {PROBE.name: {"verdict": decision.verdict, "reason": decision.reason}}
 
 
 @section("probes")
 def _probes():
-    from vllm.config import vllm as config_module
     from vllm.distributed import parallel_state
 
-    from kimi_hotfix.patches.config_checks import PATCH as CONFIG
-    from kimi_hotfix.patches.inner_dp_group import PATCH as INNER
+    from kimi_hotfix.parity_probe import PROBE
 
-    out = {}
     saved_world = parallel_state._WORLD
-    for patch, module in ((INNER, parallel_state), (CONFIG, config_module)):
-        out[patch.name] = {"without": patch.probe().as_dict(),
-                           "with": patched(patch, module, lambda p=patch: p.probe().as_dict())}
-    parallel_state._WORLD = saved_world
-    return out
+    parallel_state._WORLD = None  # the probe's getter case wants no distributed state
+    out = {}
+    try:
+        with PROBE.toggled(False):
+            out["without"] = PROBE.probe().as_dict()
+        out["with"] = PROBE.probe().as_dict()
+    finally:
+        parallel_state._WORLD = saved_world
+    return {PROBE.name: out}
 
 
 if __name__ == "__main__":

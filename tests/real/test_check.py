@@ -5,20 +5,20 @@
   fixes its probe; the shim's own decision agrees; exit 0;
 - with KIMI_HOTFIX=0 check finds the same needs, says disabled, exits 1;
 - the decisions per release (the brief's version table): 0.28.0 plain needs
-  nothing (RecoverSSM "not affected"), 0.28.0 -O kv_spec_merge and the two -O
-  parity patches, 0.29.0 -O all five, 0.30.0 plain only kda_overlong_rows,
-  0.33.0 plain none;
+  nothing (RecoverSSM "not affected"), -O only -O parity on every release,
+  0.29.0 -O all four, 0.30.0 plain only kda_overlong_rows, 0.33.0 plain none;
 - every optimize level is reported: a plain run's checks name what -O needs and
   an -O run's what plain needs, and the two runs agree; ``removable`` only
-  where no level needs anything (never on 0.28.0 to 0.33.0: -O needs
-  kv_spec_merge everywhere);
+  where no level needs anything (never on 0.28.0 to 0.33.0: -O needs -O
+  parity everywhere);
 - ``status``'s version-based expectation matches what check finds;
 - ``--json`` is exactly one object on stdout; check leaves the states as found;
   ``python -m kimi_hotfix check`` (run first in the child, before anything else
   is imported) prints the report's verdict and exits as ``--json`` says;
 - a check that raises is never "not needed": on 0.33.0 with a spec constructor
-  that fails in the probe, -O still hardens the merges (the source check
-  decides), plain applies to be safe and warns, strict raises;
+  that fails in the probe, plain and -O apply to be safe and warn (under -O
+  parity keeps the merges' asserts live: the grouping is plain Python's),
+  strict raises;
 - scripts/demo shows the probes side by side on 0.29.0 under -O (its preflight
   half, ``--quick``; the served half, scripts/serve-demo, starts real servers and
   runs in scripts/test's end-to-end phase).
@@ -35,17 +35,18 @@ from harness import child, reference, venv_python
 from helpers import PATCHES, REPO, hermetic_env, run_python, summaries, warning_lines
 
 CHECKED = ("0.28.0", "0.29.0", "0.30.0", "0.33.0", "0.29.0-py3.12")
-O_ONLY = ["inner_dp_group", "config_checks"]  # bare asserts in every release up to 0.33.0
-# the brief's version table, release by release: what check must find
+PROBED = ["o_parity", *PATCHES]  # what check reports: -O parity, then the patches
+# the brief's version table, release by release: what check must find (-O: -O parity
+# too, on every release: vLLM steers by assert in all of them)
 NEEDED = {
     ("0.28.0", "plain"): [],
-    ("0.28.0", "O"): ["kv_spec_merge", *O_ONLY],
+    ("0.28.0", "O"): ["o_parity"],
     ("0.29.0", "plain"): ["kv_spec_merge", "capture_workspace", "kda_overlong_rows"],
-    ("0.29.0", "O"): list(PATCHES),
+    ("0.29.0", "O"): PROBED,
     ("0.30.0", "plain"): ["kda_overlong_rows"],
-    ("0.30.0", "O"): ["kv_spec_merge", "kda_overlong_rows", *O_ONLY],
+    ("0.30.0", "O"): ["o_parity", "kda_overlong_rows"],
     ("0.33.0", "plain"): [],
-    ("0.33.0", "O"): ["kv_spec_merge", *O_ONLY],
+    ("0.33.0", "O"): ["o_parity"],
 }
 
 
@@ -60,7 +61,7 @@ def test_check_finds_what_the_brief_says(release, mode):
     report, section = check_report(child(release, "on", mode))
     expected = NEEDED[(release.split("-")[0], mode)]
     assert report["needed"] == expected, report["verdict"]
-    assert [p["name"] for p in report["patches"]] == list(PATCHES)
+    assert [p["name"] for p in report["patches"]] == PROBED
     assert all(isinstance(p["needed"], bool) for p in report["patches"])
     here = "plain" if mode == "plain" else "-O"
     other = "-O" if mode == "plain" else "plain"
@@ -70,7 +71,7 @@ def test_check_finds_what_the_brief_says(release, mode):
         NEEDED[(release.split("-")[0], "O" if mode == "plain" else "plain")]
     assert [n["name"] for n in report["levels"]["-OO"]["needed"]] == \
         [n["name"] for n in report["levels"]["-O"]["needed"]]
-    assert report["removable"] is False  # every release up to 0.33.0 needs kv_spec_merge under -O
+    assert report["removable"] is False  # every release up to 0.33.0 needs -O parity under -O
     assert section["rc"] == report["exit_status"] == 0, report["verdict"]
     for entry in report["patches"]:
         assert entry["problems"] == [], entry
@@ -79,10 +80,14 @@ def test_check_finds_what_the_brief_says(release, mode):
             assert entry["kind"] == "applied", entry
         else:
             assert entry["kind"] in ("not_needed", "not_affected"), entry
+    parity = report["patches"][0]
+    assert parity["state"] == ("applied (package: vLLM's modules load with plain Python's bytecode)"
+                               if mode == "O" else
+                               "not affected (python without -O keeps vLLM's asserts)")
     if release.startswith("0.28"):  # RecoverSSM does not exist there: not affected
         kinds = {p["name"]: p["kind"] for p in report["patches"]}
         assert kinds["capture_workspace"] == kinds["kda_overlong_rows"] == "not_affected"
-        assert kinds["kv_spec_merge"] == ("applied" if mode == "O" else "not_needed")
+        assert kinds["kv_spec_merge"] == "not_affected"  # no draft capability in 0.28.0
         for entry in report["patches"]:
             if entry["name"] in ("capture_workspace", "kda_overlong_rows"):
                 assert entry["affected"] is False and "no RecoverSSM" in entry["without"]["detail"]
@@ -137,8 +142,10 @@ def test_status_expectation_agrees_with_check(release, mode):
     status = json.loads(proc.stdout)
     report, _ = check_report(child(release, "on", mode))
     assert status["vllm"]["version"] == report["vllm"] == release.split("-")[0]
-    expected = {p["name"]: p["expected_needed"] for p in status["patches"]}
+    entries = [status["o_parity"], *status["patches"]]
+    expected = {p["name"]: p["expected_needed"] for p in entries}
     assert expected == {p["name"]: p["needed"] for p in report["patches"]}
+    assert status["o_parity"]["kind"] == ("pending" if mode == "O" else "not_affected")
     assert {p["kind"] for p in status["patches"]} == {"pending"}
 
 
@@ -150,7 +157,7 @@ def test_check_leaves_the_shim_as_it_found_it(release, mode):
     assert section["states_after"] == section["states_before"]
     assert cli["rc"] == section["rc"]
     text = cli["stdout"]
-    assert text.count("without the patch") == len(PATCHES)
+    assert text.count("without the patch") == len(PROBED)
     verdict = [line for line in text.splitlines() if line.startswith("verdict: ")]
     assert verdict == [f"verdict: {json.loads(section['stdout'])['verdict']}"]
 
@@ -159,18 +166,19 @@ def test_check_leaves_the_shim_as_it_found_it(release, mode):
 
 
 @pytest.mark.releases("0.33.0")
-def test_O_hardens_the_merges_even_when_the_probe_raises(release):
+def test_O_keeps_the_merges_plain_even_when_the_probe_raises(release):
     """0.33.0 -O, MLAAttentionSpec's constructor failing while the shim decides:
-    the source check alone says needed; the grouping is the reference's."""
+    kv_spec_merge cannot tell and applies to be safe; -O parity keeps the merges'
+    asserts live, so the grouping is the reference's (plain Python's)."""
     run = child(release, "ctor", "O")
     assert run["process"]["mla_ctor_broken_at_import"] is True
-    assert run.states["kv_spec_merge"] == "applied"
+    assert run.states["kv_spec_merge"].startswith("applied (cannot tell: its check raised TypeError")
     assert run["wrapped"]["merge"]["MLAAttentionSpec"] is True
-    assert warning_lines(run.stderr) == []
+    warnings = warning_lines(run.stderr)
+    assert len(warnings) == 1 and "cannot tell whether kv_spec_merge is needed" in warnings[0]
     assert run["kv"]["groupings"] == reference()["kv"]["groupings"]
     assert run["kv"]["probe"]["ok"] is True
-    # the same constructor failure without the shim would have hidden nothing: -O
-    # without the patch groups wrongly (the reproduction, same release)
+    # the same release without the shim under -O groups wrongly (the reproduction)
     assert child(release, "off", "O")["kv"]["probe"]["ok"] is False
 
 
@@ -208,9 +216,9 @@ def test_demo_shows_the_probes_side_by_side(release):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     out = proc.stdout
     assert "python -O -m kimi_hotfix check" in out
-    assert out.count("without the patch") == len(PATCHES)
-    assert out.count("-> NEEDED, fixed by the patch") == len(PATCHES)
-    for name in PATCHES:
+    assert out.count("without the patch") == len(PROBED)
+    assert out.count("-> NEEDED, fixed by the patch") == len(PROBED)
+    for name in PROBED:
         assert f"  {name}: " in out
     assert "mla_target_draft" in out and "AttributeError" in out
     assert "largest mixed graph" in out and "ValueError: KDA RecoverSSM" in out

@@ -1,12 +1,14 @@
-"""The -O hazards behind inner_dp_group and config_checks, on the real wheels.
+"""The -O hazards that -O parity (kimi_hotfix.parity) covers, on the real wheels.
 
 Per (release, plain or -O), the child that runs with the shim off
 (KIMI_HOTFIX=0, harness.PLAN's ``off`` seed 0) computes these cases last, in
-its ``o_parity`` section: it applies each patch through its own ``apply`` for
-the "with" cases and puts vLLM's functions back after
+its ``o_parity`` section: "with" parity, the modules a case runs get their
+plain code in place, as parity's late path does for a module imported before
+the shim armed, and vLLM's code is put back after
 (tests/real/child_o_parity.py). Each test shows plain Python and -O differing
-without the patch, and the patch giving -O plain Python's behaviour, refusals
-included, and nothing more.
+without parity, and parity giving -O plain Python's behaviour, refusals
+included, and nothing more. The early path (the finder, in every vLLM process
+the bootstrap arms) is the shim's own children's: tests/real/test_check.py.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def test_cpu_offload_barrier_needs_the_getter_to_raise(release):
     # -O without the patch: the getter returns None, the barrier raises at worker start-up
     assert optimized["getter_without"] == "returned 'None'"
     assert optimized["without"] == NO_BARRIER
-    # the patch: plain Python's AssertionError, so the fallback to the world group runs
+    # parity: plain Python's AssertionError, so the fallback to the world group runs
     assert optimized["getter_with"] == plain["getter_without"]
     assert optimized["with"] == plain["with"] == "ok"
 
@@ -70,23 +72,27 @@ def test_0_29_has_no_nixl_dcp_check():
 def test_decisions_and_probes(release):
     for opt in (0, 1):
         out = sections(release, opt)
-        for name in ("inner_dp_group", "config_checks"):
-            verdict = out["decide"][name]["verdict"]
-            assert verdict == ("needed" if opt else "not_affected"), out["decide"][name]
-            probe = out["probes"][name]
-            assert probe["with"]["ok"] is True, probe
-            assert probe["without"]["ok"] is (not opt), probe
+        verdict = out["decide"]["o_parity"]["verdict"]
+        assert verdict == ("needed" if opt else "not_affected"), out["decide"]
+        probe = out["probes"]["o_parity"]
+        assert probe["with"]["ok"] is True, probe
+        assert probe["without"]["ok"] is (not opt), probe
+        assert probe["with"]["cases"] == sections(release, 0)["probes"]["o_parity"]["without"]["cases"]
 
 
-def test_planner_invariants_vanish_under_O_and_are_not_patched(release):
+def test_planner_invariants_vanish_under_O_and_parity_restores_them(release):
     """Reachable at every start-up, different only when workers disagree or a
-    grouping leaves a layer out; not patched (docs/o-parity.md says why)."""
+    grouping leaves a layer out: bare asserts no patch named, which parity
+    restores with the rest."""
     plain, optimized = sections(release, 0)["planner"], sections(release, 1)["planner"]
     assert plain["where"] == optimized["where"]
-    assert plain["workers_differ"].startswith("AssertionError: The KV cache specs for the same "
-                                              "layer are different across workers")
-    assert "different across workers" not in optimized["workers_differ"]
+    differ = plain["workers_differ"]["without"]
+    assert differ.startswith("AssertionError: The KV cache specs for the same layer are "
+                             "different across workers")
+    assert plain["workers_differ"]["with"] == differ
+    assert "different across workers" not in optimized["workers_differ"]["without"]
+    assert optimized["workers_differ"]["with"] == differ
     if release == "0.33.0":
-        assert plain["partition_misses_a_layer"] == ("AssertionError: KV cache groups miss layers: "
-                                                     "['model.layers.1.attn'].")
-        assert optimized["partition_misses_a_layer"] == "ok"
+        missing = "AssertionError: KV cache groups miss layers: ['model.layers.1.attn']."
+        assert plain["partition_misses_a_layer"] == {"without": missing, "with": missing}
+        assert optimized["partition_misses_a_layer"] == {"without": "ok", "with": missing}

@@ -27,30 +27,6 @@ def _hold_with(lock_getter):
     return hold
 
 
-def _hold_first_call(call):
-    """Hold an OnFirstCall's lock the way the shim does: a thread makes the
-    first call, which takes the lock and recompiles under it; a hook in
-    ``recompile.recompile`` stops that thread there (once: the forked child,
-    which inherits the hook, goes through)."""
-    def hold(reached, go):
-        from kimi_hotfix import recompile
-
-        real, armed = recompile.recompile, [True]
-
-        def stop_once(*args, **kwargs):
-            if armed and armed.pop():
-                reached.set()
-                go.wait(60)
-            return real(*args, **kwargs)
-
-        recompile.recompile = stop_once
-        try:
-            call()
-        finally:
-            recompile.recompile = real
-    return hold
-
-
 def _wrapt_lock():
     from kimi_hotfix import _wrapt
 
@@ -71,15 +47,14 @@ class _HandlerLock:
         self.handler.release()
 
 
-def locks(first_call):
-    """{lock: hold(reached, go)}. ``first_call`` makes the first call of a
-    function wrapped by a ``hardening.OnFirstCall`` that has not been called."""
-    from kimi_hotfix import state, wrapping
+def locks():
+    """{lock: hold(reached, go)}."""
+    from kimi_hotfix import parity, state, wrapping
 
     return {
         "kimi_hotfix.state._lock": _hold_with(state.lock),
         "kimi_hotfix.wrapping._install_lock": _hold_with(lambda: wrapping._install_lock),
-        "kimi_hotfix.hardening.OnFirstCall._lock": _hold_first_call(first_call),
+        "kimi_hotfix.parity._lock": _hold_with(lambda: parity._lock),
         "wrapt.importer._post_import_hooks_lock": _hold_with(_wrapt_lock),
         "logging.Handler.lock (kimi_hotfix's handler)": _hold_with(_HandlerLock),
     }

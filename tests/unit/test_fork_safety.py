@@ -1,15 +1,13 @@
 """Fork safety for every lock the shim can hold (issue 20 item 2), and no line
 from a child that only execs (issue 20 item 11). Stand-ins: the stand-in vLLM
-and tests/standins/hardening_target (shim mechanics); the real-vLLM twin is
-tests/real/test_fork_real.py.
+(shim mechanics); the real-vLLM twin is tests/real/test_fork_real.py.
 
 For each lock (tests/standins/forks.py: the shim's own, found in its source
 here, and those of other code it takes), a thread holds it, stopped there by
-an event (for a first-call recompile: inside the recompile, by a hook), and
-the main thread forks. The child must finish in bounded time (an alarm: a
-blocked child reads ``hung``) with true states: it imports a target nobody
-imported yet (wrapt's hook and the settle run), makes an OnFirstCall's first
-call (the hardened function raises as plain Python does) and every patch
+an event, and the main thread forks. The child must finish in bounded time
+(an alarm: a blocked child reads ``hung``) with true states: it imports a
+vLLM module nobody imported yet (-O parity's finder loads it; a guarded
+getter in it raises as plain Python does, -O and -OO alike) and every patch
 reads what it reads in the parent.
 
 A ``subprocess.Popen(preexec_fn=...)`` child runs the at-fork handlers and
@@ -34,30 +32,21 @@ LATE = "vllm.distributed.parallel_state"  # imported by the forked children only
 CHILD = r"""
 import importlib, json, os, subprocess, sys
 sys.path.append(%(standins)r)
-sys.path.insert(0, %(hardening)r)
-import forks, hsample
+import forks
 import vllm.v1.kv_cache_interface, vllm.v1.worker.gpu.cudagraph_utils
 import vllm.models.kimi_k3.nvidia.kda_metadata, vllm.config.vllm
 import kimi_hotfix
-from kimi_hotfix import core, hardening, state, wrapping
-
-def first_call():
-    # a new OnFirstCall each time, never called in this process
-    ctx = wrapping.PatchContext("standin", [], core.load_wrapt, core.wrapper_failed, core.spent)
-    wrapper = hardening.OnFirstCall(ctx, [hsample.getter]).wrapper(hsample.getter)
-    return lambda: wrapper(hsample.getter, None, (), {})
 
 def states():
     return {n: str(s) for n, s in kimi_hotfix.states().items()}
 
-def work(call):
-    importlib.import_module(%(late)r)
-    return {"first_call": forks.outcome(call), "states": states()}
+def work():
+    late = importlib.import_module(%(late)r)
+    return {"first_call": forks.outcome(late.get_inner_dp_world_group), "states": states()}
 
 results = []
-for name in forks.locks(None):
-    call = first_call()
-    results.append(forks.fork_while_held(name, forks.locks(call)[name], lambda: work(call)))
+for name, hold in forks.locks().items():
+    results.append(forks.fork_while_held(name, hold, work))
 parent = {"states": states(), "late_imported": %(late)r in sys.modules}
 importlib.import_module(%(late)r)
 parent["states_after_late"] = states()
@@ -103,9 +92,7 @@ def test_every_lock_in_the_source_has_a_fork_case():
     sys.path.append(str(STANDINS))
     import forks
 
-    from kimi_hotfix import hardening  # noqa: F401 (forks.locks reads the modules)
-
-    cases = set(forks.locks(None))
+    cases = set(forks.locks())
     sites = lock_sites()
     assert sites, "no lock found: the scan is broken"
     assert sites <= cases, f"locks without a fork case in tests/standins/forks.py: {sites - cases}"
@@ -116,15 +103,14 @@ def test_every_lock_in_the_source_has_a_fork_case():
 def test_fork_while_each_lock_is_held_finishes_with_true_states(opt):
     env = hermetic_env()
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDINS / "vllm_complete")])
-    code = CHILD % {"standins": str(STANDINS), "hardening": str(STANDINS / "hardening_target"),
-                    "late": LATE}
+    code = CHILD % {"standins": str(STANDINS), "late": LATE}
     proc = run_python(["-c", code], flags=OPT_FLAGS[opt], env=env, timeout=300)
     out = json_lines(proc.stdout)[0]
     parent = out["parent"]
     assert parent["late_imported"] is False
     settled = parent["states_after_late"]  # what a process that imports every target reads
     assert "pending" not in settled.values(), settled
-    refused = ["AssertionError", "group is not initialized"]  # plain Python's own refusal
+    refused = ["AssertionError", "inner dp world group is not initialized"]  # plain Python's
     for result in out["results"]:
         assert result.get("error") is None, result
         assert result["hung"] is False, f"the child blocked on {result['lock']}"

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python
+from helpers import PATCHES, REPO, STANDINS, hermetic_env, json_lines, run_python
 
 CHILD = r'''
 import json, sys
@@ -21,7 +21,7 @@ from kimi_hotfix import core
 
 def loaded():
     return sorted(m for m in sys.modules if m.startswith(("kimi_hotfix.patch", "kimi_hotfix.recompile",
-                                                          "kimi_hotfix.hardening", "kimi_hotfix.wrapping",
+                                                          "kimi_hotfix.wrapping",
                                                           "kimi_hotfix.outcome")))
 
 
@@ -63,7 +63,6 @@ def test_the_first_target_import_loads_every_patch_and_a_broken_one_fails(broken
     why = f"cannot load kimi_hotfix.patches.kda_overlong_rows (RuntimeError: {MARK} (at {path}, line {line}))"
     assert out["target"]["broken"] == f"failed: {why}"
     assert out["target"]["own_target_imported"] is False
-    assert {"kimi_hotfix.patches.kv_spec_merge", "kimi_hotfix.patches.capture_workspace",
-            "kimi_hotfix.patches.inner_dp_group", "kimi_hotfix.patches.config_checks",
+    assert {*(f"kimi_hotfix.patches.{n}" for n in PATCHES if n != "kda_overlong_rows"),
             "kimi_hotfix.patching"} <= set(out["target"]["loaded"])
     assert out["raised"] == (f"KimiHotfixError: kda_overlong_rows: {why}" if strict else None)

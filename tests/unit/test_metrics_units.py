@@ -18,7 +18,7 @@ from kimi_hotfix import config, core, metrics, scrape, state, versions
 def good():
     return {"pid": 7, "start": "123", "role": "EngineCore",
             "info": {"version": "0.1.0", "vllm": "0.29.0", "python": "3.11", "enabled": "true",
-                     "armed_by": "sitecustomize"},
+                     "armed_by": "sitecustomize", "o_parity": "package"},
             "states": {"kv_spec_merge": "applied"}, "cost": {"arm": 0.5}}
 
 
@@ -27,7 +27,8 @@ def test_shape_accepts_a_record_and_refuses_each_bad_part():
     assert scrape._shape(dict(good(), cost={})) is True  # phases not reached yet
     bad = [dict(good(), role=1), dict(good(), states={"kv_spec_merge": "sideways"}),
            dict(good(), states=[]), dict(good(), cost=[]), dict(good(), cost={"arm": "x"}),
-           dict(good(), info=dict(good()["info"], vllm=None)), dict(good(), info=None), [], None]
+           dict(good(), info=dict(good()["info"], vllm=None)), dict(good(), info=None), [], None,
+           dict(good(), info={k: v for k, v in good()["info"].items() if k != "o_parity"})]
     for rec in bad:
         assert scrape._shape(rec) is False, rec
 

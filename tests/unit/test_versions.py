@@ -40,28 +40,33 @@ def test_version_at_least(version, release, at_least):
     assert versions.at_least(version, release) is at_least
 
 
-EXPECT = {  # (version, optimize) -> needed, per patch, as the brief's table says; the last
-    # two (inner_dp_group, config_checks) are about -O's asserts: measured up to 0.33.0
-    ("0.28.0", 0): (False, False, False, False, False),
-    ("0.28.0", 1): (True, False, False, True, True),
-    ("0.29.0", 0): (True, True, True, False, False),
-    ("0.29.0", 2): (True, True, True, True, True),
-    ("0.30.0", 0): (False, False, True, False, False),
-    ("0.30.0", 1): (True, False, True, True, True),
-    ("0.33.0", 0): (False, False, False, False, False),
-    ("0.33.0", 1): (True, False, False, True, True),
-    ("0.34.0", 1): (None, False, False, None, None),  # past what was measured: the code decides
+# (version, optimize) -> {patch: needed}, as the brief's table says (optimize does not
+# matter to the patches: -O's asserts are -O parity's, below)
+BEHAVIOUR = {
+    "0.28.0": {"kv_spec_merge": False, "capture_workspace": False, "kda_overlong_rows": False},
+    "0.29.0": {"kv_spec_merge": True, "capture_workspace": True, "kda_overlong_rows": True},
+    "0.30.0": {"kv_spec_merge": False, "capture_workspace": False, "kda_overlong_rows": True},
+    "0.33.0": {"kv_spec_merge": False, "capture_workspace": False, "kda_overlong_rows": False},
+    "0.34.0": {"kv_spec_merge": False, "capture_workspace": False, "kda_overlong_rows": False},
 }
+EXPECT = {(version, optimize): needed for version, needed in BEHAVIOUR.items() for optimize in (0, 1, 2)}
 
 
 @pytest.mark.parametrize("version, optimize", list(EXPECT))
 def test_expectations(version, optimize):
     patches = core.patches()
-    found = tuple(patch.expect(version, optimize)[0] for patch in patches.values())
+    found = {name: patch.expect(version, optimize)[0] for name, patch in patches.items()}
     assert found == EXPECT[(version, optimize)]
     for patch in patches.values():
         needed, text = patch.expect(version, optimize)
         assert text and (needed is None or isinstance(needed, bool))
+
+
+@pytest.mark.parametrize("version", list(BEHAVIOUR))
+def test_parity_is_expected_under_o_only(version):
+    from kimi_hotfix import parity_probe
+
+    assert [parity_probe.PROBE.expect(version, level)[0] for level in (0, 1, 2)] == [False, True, True]
 
 
 def test_dev_builds_say_the_code_decides():
