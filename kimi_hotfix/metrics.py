@@ -165,16 +165,24 @@ def _create(name, dfd, data: bytes = b"") -> None:
     os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
-def _locked_file(name, dfd):
-    """Create ``name`` in ``dfd`` already locked (flock, exclusive): the lock is
-    taken on a private temporary name, then the file is renamed into place, so
-    nobody sees it unlocked while this process lives. Returns the descriptor."""
+def _locked_file(name, dfd, data: bytes = b"", through_exec=False):
+    """Create ``name`` in ``dfd`` holding ``data``, already locked (flock,
+    exclusive): the lock is taken on a private temporary name, then the file is
+    renamed into place, so nobody sees it unlocked while this process lives.
+    Returns the descriptor. ``through_exec``: not close-on-exec, so that the
+    lock survives this process ``exec``ing another image (same pid: a launcher
+    that imported vLLM, then execs the server); children close it
+    (``_after_fork_in_child``; subprocess and multiprocessing's spawn close what
+    they do not pass; ``_adopt`` in whatever else inherited it)."""
     import fcntl
 
     tmp = f".{name}.tmp"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                 dir_fd=dfd)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | (0 if through_exec else os.O_CLOEXEC)
+    fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
     try:
+        if through_exec:
+            os.set_inheritable(fd, True)
+        os.write(fd, data)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
@@ -218,17 +226,64 @@ def _record_name(rec) -> str:
     return f"{rec['pid']}-{rec['start']}-{ns}.json" if rec["start"] and ns else ""
 
 
+def _owner_text() -> bytes:
+    """What ``owner.lock`` holds: the pid and start time of the process that made
+    the directory (the same across ``exec``; another process's differ)."""
+    return f"{os.getpid()} {_start_time('self')}\n".encode()
+
+
+def _adopt(dfd):
+    """Where this process made the pod directory and then ``exec``ed (same pid,
+    same start time: the lock's descriptor came through the exec), the
+    descriptor holding its lock: this image owns the directory as the one
+    before it did. A descriptor of it inherited by another process (a child
+    started without closing it) is closed: it must not keep a dead owner's
+    directory alive. None where this process is not the owner."""
+    import fcntl
+
+    try:
+        info = os.stat(OWNER, dir_fd=dfd, follow_symlinks=False)
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for name in names:
+        if not (name.isascii() and name.isdigit()) or int(name) == dfd:
+            continue
+        fd = int(name)
+        try:
+            found = os.fstat(fd)
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) != (info.st_dev, info.st_ino) or not stat.S_ISREG(found.st_mode):
+            continue
+        mine = os.pread(fd, 64, 0) == _owner_text() and found.st_uid == os.geteuid()
+        if mine:
+            try:  # this descriptor's lock is ours: taking it again succeeds at once
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except OSError:
+                pass
+        os.close(fd)
+    return None
+
+
 def _open_pod() -> None:
     """Use the server's pod directory (``KIMI_HOTFIX_POD_DIR``, inherited from
-    the process that made it) where it is this user's private directory; else
+    the process that made it) where it is this user's private directory (and
+    own it, lock and all, where this process made it before an ``exec``); else
     make one and export it."""
     global _pod, _owner, _lock_fd
     given = os.environ.get(POD_VAR)
     if given:
         dfd = _open_dir(given)
         if dfd is not None:
-            os.close(dfd)
+            try:
+                fd = _adopt(dfd)
+            finally:
+                os.close(dfd)
             _pod = given
+            if fd is not None:
+                _lock_fd, _owner = fd, os.getpid()
             return
         messages.emit(messages.POD_REFUSED, _shown(given))
     tmp = tempfile.gettempdir()
@@ -237,7 +292,7 @@ def _open_pod() -> None:
     if dfd is None:
         raise OSError(f"{made} is not a private directory")
     try:
-        _lock_fd = _locked_file(OWNER, dfd)
+        _lock_fd = _locked_file(OWNER, dfd, _owner_text(), through_exec=True)
     finally:
         os.close(dfd)
     _pod, _owner = made, os.getpid()
