@@ -8,10 +8,13 @@ says. Each row was decided by reading the function in the release named next
 to its hash, and its callers where the row says so.
 
 Verdicts:
-  covered    a patch of this package restores plain-Python behaviour there
+  covered    the shim restores plain-Python behaviour there: ``o_parity`` (-O
+             parity, kimi_hotfix.parity: every assert of vLLM's own modules) or
+             a patch of this package
   harmless   ``-O`` cannot change what a server does there (the reason says why)
   uncovered  ``-O`` can change behaviour there and the shim does not cover it
-             (the reason says where it matters, and why it is not patched)
+             (the reason says where it matters, and why not: another package's
+             asserts, which -O parity, vLLM's modules only, does not restore)
 
 Two kinds of rows: a ``site`` (a handler catching AssertionError, a
 ``contextlib.suppress(AssertionError)`` block, a pydantic validator holding
@@ -28,6 +31,8 @@ import importlib.util
 from dataclasses import dataclass
 
 from kimi_hotfix.patches import PATCH_MODULES
+
+O_PARITY = "o_parity"  # -O parity (kimi_hotfix.parity): armed by the shim, not a registry patch
 
 COVERED = "covered"
 HARMLESS = "harmless"
@@ -86,8 +91,54 @@ def reviewed_hashes(qualname) -> dict:
 
 
 # -- the KV-cache planner (Kimi-K3 and the hybrid sliding-window servers) -----------
-# The planner's fallbacks and the spec merges are covered rows: the covering
-# patch lists them (kimi_hotfix/patches/*/covers.py, read at the end of this module).
+# The planner's fallbacks and the spec merges: -O strips the merges' asserts; -O
+# parity restores them (the capability patch changes only how the draft flag merges).
+
+_PLANNER = ("The planner tells KV-cache specs that cannot share a group apart by the "
+            "AssertionError their merge raises. -O strips the asserts in the spec merges "
+            "(KVCacheSpec.merge too, in 0.29.0): incompatible specs merge, or the merge runs "
+            "into an AttributeError nothing catches. -O parity runs the merges with their "
+            "asserts, as plain Python does.")
+_MERGE = ("A KV-cache spec merge the planner calls through is_kv_cache_spec_uniform and "
+          "the page-size bucketing; -O parity keeps its asserts (docs/o-parity.md).")
+_KVI = "vllm.v1.kv_cache_interface."
+for _module, _releases in (("vllm.v1.core.kv_cache_utils", "0.29.0, 0.30.0"),
+                           ("vllm.v1.core.kv_cache_planning", "0.33.0")):
+    covered(f"{_module}.is_kv_cache_spec_uniform", {"4fb234c47f924b49": _releases}, O_PARITY,
+            _PLANNER)
+    covered(f"{_module}._get_kv_cache_groups_uniform_page_size", {"878f77328682ee52": _releases},
+            O_PARITY, _PLANNER)
+covered(_KVI + "KVCacheSpec.merge", {"6aa5555bea667a3a": "0.29.0"}, O_PARITY,
+        _MERGE + " 0.30.0 raises explicitly here.")
+for _name, _hashes in (
+    ("FullAttentionSpec.merge", {"347f6a4dc51a21f1": "0.29.0, 0.30.0", "7c4172adfc14adba": "0.33.0"}),
+    ("MLAAttentionSpec.merge", {"b05f2f8b2bfb5c4f": "0.29.0", "565140f506465636": "0.30.0",
+                                "749336663f30638d": "0.33.0"}),
+    ("RSWASpec.merge", {"362f0b74c6ba6989": "0.29.0, 0.30.0", "9edf63275ff6eae5": "0.33.0"}),
+    ("SinkFullAttentionSpec.merge", {"d53a168aa6ab5a9b": "0.29.0, 0.30.0",
+                                     "f519f660bb338c67": "0.33.0"}),
+    ("SlidingWindowMLASpec.merge", {"c7f1a63b666cda03": "0.29.0, 0.30.0",
+                                    "fc0e8db89c7a2ed4": "0.33.0"}),
+):
+    covered(_KVI + _name, _hashes, O_PARITY, _MERGE)
+
+# -- the CPU KV-offload barrier ------------------------------------------------------------
+
+covered("vllm.distributed.parallel_state.get_inner_dp_world_group",
+        {"7f6ca7e4dca1e0cc": "0.29.0-0.33.0"}, O_PARITY,
+        "The inner-DP world group exists only when a DP replica spans nodes "
+        "(nnodes_within_dp > 1); otherwise the getter asserts and "
+        "kv_offload/cpu/spec.py falls back to the world group. Under -O it returns None "
+        "and the CPU KV offload barrier fails with AttributeError at worker start-up "
+        "(measured: tests/real/test_o_parity.py). -O parity keeps the assert.")
+covered("vllm.v1.kv_offload.cpu.spec._all_workers_barrier", {"e1651cbe5deffb59": "0.29.0-0.33.0"},
+        O_PARITY,
+        "CPU KV offload on CUDA/XPU (the shared mmap region) calls this barrier when the "
+        "worker is created. Plain Python: get_inner_dp_world_group() asserts unless a DP "
+        "replica spans nodes, and the barrier runs on the world group. -O: the getter "
+        "returns None and None.barrier() raises AttributeError: the worker fails to start "
+        "(single node, or multi-node under Ray, where parallel_config.nnodes stays 1). "
+        "-O parity keeps the getter's AssertionError.")
 
 _KVI = "vllm.v1.kv_cache_interface."
 harmless(_KVI + "SlidingWindowMLASpec.__post_init__", {"be27ae528b6cab2a": "0.29.0-0.33.0"},
@@ -146,13 +197,12 @@ for _name, _hashes in (
 ):
     harmless(_name, _hashes, _GROUP_SITE)
 
-uncovered("vllm.models.inkling.configs.InklingModelConfig.mamba2_cache_params",
-          {"a5cdeeb212076dee": "0.29.0-0.33.0"},
-          "Inkling models only. Outside a worker (config checks in the API server or the "
-          "engine core) the TP group does not exist: plain Python falls back to tp_size=1, "
-          "-O gets None from get_tp_group() and fails with AttributeError. Not a model of "
-          "the deployments; a fix would harden get_tp_group, which runs in every layer's "
-          "collectives (the first-call hardening of kimi_hotfix/hardening.py applies unchanged).")
+covered("vllm.models.inkling.configs.InklingModelConfig.mamba2_cache_params",
+        {"a5cdeeb212076dee": "0.29.0-0.33.0"}, O_PARITY,
+        "Inkling models only. Outside a worker (config checks in the API server or the "
+        "engine core) the TP group does not exist: plain Python falls back to tp_size=1, "
+        "-O gets None from get_tp_group() and fails with AttributeError. -O parity keeps "
+        "get_tp_group's assert, so the fallback runs.")
 
 # -- forward context, workspace ---------------------------------------------------------
 
@@ -184,15 +234,14 @@ for _name, _hashes in (
 
 # -- attention backend selection ---------------------------------------------------------
 
-uncovered("vllm.v1.attention.backends.fa_utils.get_flash_attn_version",
-          {"249739b558c069d8": "0.29.0-0.33.0"},
-          "The assert sits in the try body: plain Python returns None when the chosen "
-          "flash-attention version is not supported (after logging an error); -O returns "
-          "that unsupported version. The default choice only picks supported versions, so "
-          "it differs only when the operator forces flash_attn_version (attention config) "
-          "to one the GPU or the build lacks. GPU-only (vllm_flash_attn is not in the CPU "
-          "wheel, so it cannot be shown on the CPU wheels here); not patched "
-          "(docs/o-parity.md).")
+covered("vllm.v1.attention.backends.fa_utils.get_flash_attn_version",
+        {"249739b558c069d8": "0.29.0-0.33.0"}, O_PARITY,
+        "The assert sits in the try body: plain Python returns None when the chosen "
+        "flash-attention version is not supported (after logging an error); -O returns "
+        "that unsupported version. The default choice only picks supported versions, so "
+        "it differs only when the operator forces flash_attn_version (attention config) "
+        "to one the GPU or the build lacks. GPU-only (not shown on the CPU wheels); -O "
+        "parity keeps the assert.")
 harmless("vllm.v1.attention.backends.fa_utils.flash_attn_supports_mla",
          {"48e3e0f837f83a0e": "0.29.0, 0.30.0", "a08860a8bcca116a": "0.33.0"},
          "No assert in the guarded block; the AssertionError would come from "
@@ -260,10 +309,11 @@ harmless("vllm.config.multimodal.MultiModalConfig._validate_mm_encoder_attn_back
          {"4b1c1f1c8cadc24a": "0.29.0-0.33.0"},
          "Under -O a value that is neither a string nor an enum fails on value.upper() with "
          "AttributeError instead of a ValidationError: still rejected, another message.")
-uncovered("vllm.config.kernel.IrOpPriorityConfig._to_list_str", {"f691aba5361f1709": "0.29.0-0.33.0"},
-          "Validates the IR op priority lists of the kernel config: -O accepts non-string "
-          "entries that plain Python rejects with a ValidationError. Operator input for an "
-          "option the deployments do not set.")
+covered("vllm.config.kernel.IrOpPriorityConfig._to_list_str", {"f691aba5361f1709": "0.29.0-0.33.0"},
+        O_PARITY,
+        "Validates the IR op priority lists of the kernel config: -O accepts non-string "
+        "entries that plain Python rejects with a ValidationError. -O parity keeps the "
+        "validator's asserts.")
 harmless("vllm.v1.metrics.perf.FfnMetrics.validate_moe_fields", {"2d85f66dd805c736": "0.29.0-0.33.0"},
          "Checks fields vLLM's own config parsers fill for MoE models (MFU metrics); for a "
          "model vLLM parses as MoE they are set, so the asserts hold in both modes.")

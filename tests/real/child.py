@@ -19,13 +19,10 @@ output: one ``KIMI_JSON:`` line on stdout holding a section per topic. Sections:
   check     ``check --json`` through the CLI (fd 1 captured), states around it
   pickling  pickle, cloudpickle, copy and deepcopy of each wrapped callable
   merge_work how often dataclasses.fields/replace run in one patched merge
-  config_decision (the shim's -O "cli" children) config_checks' decision on the
-            real VllmConfig with validate_block_size taken out, and on a class
-            with none of the checked methods (test_decisions.py)
   failures  each patch's own code made to fail (logged once; strict raises)
-  o_parity  (spec "o_parity": true, run with KIMI_HOTFIX=0) the -O hazards of
-            inner_dp_group and config_checks, without and with each patch
-            (child_o_parity.py); last, since it builds a gloo world
+  o_parity  (spec "o_parity": true, run with KIMI_HOTFIX=0) the -O hazards -O
+            parity covers, without and with it (child_o_parity.py); last,
+            since it builds a gloo world
 
 Before each section the child writes ``KIMI_SECTION:<name>`` on stderr, so a
 test can read what was logged at start-up (imports and arming) apart from what
@@ -412,24 +409,6 @@ def merge_work():
     return out
 
 
-@section("config_decision", when=SPEC.get("cli") and sys.flags.optimize == 1)  # read from one
-def config_decision():
-    import types
-
-    import vllm.config.vllm as cv
-
-    from kimi_hotfix.patches import config_checks
-
-    # a VllmConfig without validate_block_size whose __post_init__ still asserts
-    cls = type("VllmConfig", (), {k: v for k, v in vars(cv.VllmConfig).items()
-                                  if k in config_checks.CHECKED and k != "validate_block_size"})
-    decision = config_checks.decide(types.SimpleNamespace(VllmConfig=cls), sys.flags.optimize)
-    nothing = config_checks.decide(types.SimpleNamespace(VllmConfig=type("VllmConfig", (), {})),
-                                   sys.flags.optimize)
-    return {"kind": decision.verdict.value, "reason": decision.reason,
-            "nothing": nothing.verdict.value}
-
-
 @section("failures")
 def failures():
     import child_failures
@@ -494,20 +473,35 @@ def coexist():
     return other_library.phases(core, first=False)
 
 
+def _misfit(config_class):
+    """validate_block_size on a DCP8 config whose interleave does not fit the block."""
+    config = config_class()
+    config.parallel_config.decode_context_parallel_size = 8
+    config.cache_config.block_size = 64
+    config.parallel_config.cp_kv_cache_interleave_size = 128
+    try:
+        config.validate_block_size()
+    except AssertionError as exc:
+        return f"AssertionError: {exc}"
+    return "accepted"
+
+
 @section("reimport", when=SPEC.get("reimport"))
 def reimport():
     """importlib.reload of kv_cache_interface and a fresh import of
     vllm.config.vllm (what runs before the states are read, and after), then
     undo (test_processes.py)."""
+    from kimi_hotfix import parity
 
     def show():
         states = core.states()
         kv = sys.modules["vllm.v1.kv_cache_interface"]
-        config = sys.modules["vllm.config.vllm"].VllmConfig
+        config = sys.modules["vllm.config.vllm"]
         return {"kv_spec_merge": str(states["kv_spec_merge"]),
                 "merge_wrapped": core.is_wrapped(vars(kv.MLAAttentionSpec)["merge"]),
-                "config_checks": str(states["config_checks"]),
-                "config_wrapped": any(core.is_wrapped(v) for v in vars(config).values())}
+                "o_parity": str(core.parity_state()),
+                "kv_plain": parity.runs_plain(kv), "config_plain": parity.runs_plain(config),
+                "interleave_misfit": _misfit(config.VllmConfig)}
 
     old_class = kvi.MLAAttentionSpec
     out = {"before": show()}
@@ -518,8 +512,7 @@ def reimport():
     out["reloaded"] = show()
     del sys.modules["vllm.config.vllm"]
     importlib.import_module("vllm.config.vllm")  # a fresh import of the module
-    config = sys.modules["vllm.config.vllm"].VllmConfig
-    out["reimported_unread"] = any(core.is_wrapped(v) for v in vars(config).values())
+    out["reimported_unread"] = parity.runs_plain(sys.modules["vllm.config.vllm"])
     out["reimported"] = show()
     out["old_class_wrapped"] = core.is_wrapped(vars(old_class)["merge"])
     core.undo()

@@ -211,9 +211,8 @@ LATE = "vllm.models.kimi_k3.nvidia.kda_metadata"  # imported by the forked child
 
 def fork_safety(config):
     """tests/standins/forks.py on the real vLLM, with the shim armed: fork while
-    each lock is held, the first-call recompile of config_checks' hardened
-    VllmConfig checks last (its holder thread finishes that build here); then a
-    Popen with a preexec_fn and a plain fork."""
+    wrapt's import hook lock and -O parity's lock are held; then a Popen with a
+    preexec_fn and a plain fork."""
     import subprocess
 
     sys.path.append(config["standins"])
@@ -232,10 +231,9 @@ def fork_safety(config):
                 "getter": forks.outcome(parallel_state.get_inner_dp_world_group),
                 "states": states()}
 
-    first = lambda: VllmConfig()  # noqa: E731 (config_checks' OnFirstCall: never called yet)
-    holds = forks.locks(first)
-    # the two locks a fork used to hang on (the shim's own others: tests/unit/test_fork_safety.py)
-    order = ["wrapt.importer._post_import_hooks_lock", "kimi_hotfix.hardening.OnFirstCall._lock"]
+    holds = forks.locks()
+    # a lock a fork used to hang on, and parity's (every lock: tests/unit/test_fork_safety.py)
+    order = ["wrapt.importer._post_import_hooks_lock", "kimi_hotfix.parity._lock"]
     results = [forks.fork_while_held(name, holds[name], work) for name in order]
     parent = {"late_imported": LATE in sys.modules}
     importlib.import_module(LATE)

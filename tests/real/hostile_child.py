@@ -103,7 +103,7 @@ def changed_source(case):
     load_general_plugins()
     from kimi_hotfix import core
 
-    out["late_state"] = str(core.states()["inner_dp_group"])
+    out["late_state"] = str(core.parity_state())
     try:
         out["late_call"] = repr(ps.get_inner_dp_world_group())
     except AssertionError as exc:

@@ -55,7 +55,7 @@ def _phase(core, ps, kvi, capability_merge):
     return {"getter": getter, "merge": capability_merge(kvi), "layers": layers,
             "calls": {k: CALLS[k] - before[k] for k in before},
             "kv_spec_merge": str(states["kv_spec_merge"]),
-            "inner_dp_group": str(states["inner_dp_group"])}
+            "o_parity": str(core.parity_state())}
 
 
 def phases(core, first):

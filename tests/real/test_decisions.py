@@ -18,7 +18,7 @@ import pytest
 
 from kimi_hotfix.patches import capture_workspace, kda_overlong_rows
 
-from harness import child, venv_python, vllm_location
+from harness import venv_python, vllm_location
 
 CAPTURE = ("vllm/v1/worker/gpu/cudagraph_utils.py", "CudaGraphManager", "_init_candidates")
 KDA = ("vllm/models/kimi_k3/nvidia/kda_metadata.py", "KimiK3KDAMetadataBuilder", "build")
@@ -130,18 +130,3 @@ def test_no_recoverssm_path_reads_not_affected(release):
     assert kda_overlong_rows.structure_of(method(release, KDA))[0] is False
     assert kda_overlong_rows.structure_of(
         method(release, KDA, "# self.use_recoverssm\nnote = 'self.use_recoverssm'\n"))[0] is False
-
-
-@pytest.mark.releases("0.29.0")
-def test_config_checks_reads_the_asserts_not_one_methods_name(release):
-    """Issue 20 item 9: config_checks read "not affected" whenever
-    validate_block_size was absent, though __post_init__ still asserts. On the
-    real 0.29.0 VllmConfig with validate_block_size taken out: needed under -O;
-    "not affected" only where none of the checked methods exists. (The case runs
-    in the harness's -O child of 0.29.0, with the shim deployed: tests/real/child.py,
-    section ``config_decision``.)"""
-    run = child(release, "on", "O")
-    assert run["process"]["optimize"] == 1
-    out = run["config_decision"]
-    assert out["kind"] == "needed" and "__post_init__" in out["reason"], out
-    assert out["nothing"] == "not_affected", out

@@ -267,15 +267,18 @@ def test_a_reloaded_or_reimported_module_is_settled_again_never_stale(release):
     capability that vLLM's own merge, under -O, drops), the state says so,
     ``applied`` is never stale; undo() puts back the old objects too."""
     out = child(release, "on", "O")["reimport"]  # the child's last section (harness.child_spec)
-    assert out["reloaded_unread"] == {"capability": True, "vllm_own": False}, out
-    assert out["reimported_unread"] is True
+    # vLLM's own merge, reloaded under -O parity: plain code, its assert refuses the pair
+    assert out["reloaded_unread"] == {"capability": True, "vllm_own": "AssertionError"}, out
+    assert out["reimported_unread"] is True  # the fresh import loaded plain too
+    refused = ("AssertionError: Block_size(64) should be greater than or equal to and divisible "
+               "by cp_kv_cache_interleave_size (128).")
     for phase in ("before", "reloaded", "reimported"):
         seen = out[phase]
-        assert seen["merge_wrapped"] and seen["config_wrapped"], (phase, seen)
+        assert seen["merge_wrapped"] and seen["kv_plain"] and seen["config_plain"], (phase, seen)
         assert seen["kv_spec_merge"].startswith("applied"), (phase, seen)
-        assert seen["config_checks"].startswith("applied"), (phase, seen)
+        assert seen["o_parity"].startswith("applied (package"), (phase, seen)
+        assert seen["interleave_misfit"] == refused, (phase, seen)
     assert "re-imported" in out["reloaded"]["kv_spec_merge"], out["reloaded"]
-    assert "re-imported" in out["reimported"]["config_checks"], out["reimported"]
     assert out["old_class_wrapped"] is True  # what old code still holds stays patched
     assert out["undone"]["kv_spec_merge"].startswith("disabled (undone")
     assert not out["undone"]["merge_wrapped"] and out["old_class_wrapped_after_undo"] is False
@@ -298,15 +301,17 @@ print("KIMI_JSON:" + json.dumps(other_library.phases(core, first=True)))
 def test_other_instrumentation_keeps_running_and_the_states_stay_true(release, order):
     """Issue 20 items 4 and 6: another library wraps the getter (functools.wraps,
     in its own file) and MLAAttentionSpec.merge (wrapt), before the shim settles
-    or after. The decisions read vLLM's own functions beneath its wrappers
-    (applied, not "not needed"); the shim installs beneath them (``layers``: the
-    other library's wrapper stays on the attribute and calls the shim's), so
-    both run on every call: -O gets plain Python's behaviour (the getter raises, the merge
-    keeps the draft capability) and the other library counts every call.
-    undo() takes the shim out from under (or from beneath) the other wrapper:
-    vLLM's -O behaviour is back, the other library still runs, and the state
-    is a clean "disabled (undone)" because it is true; reapply and undo again
-    stay true."""
+    or after. kv_spec_merge's decision reads vLLM's own merge beneath the wrapper
+    (applied, not "not needed") and installs beneath it (``layers``: the other
+    library's wrapper stays on the attribute and calls the shim's); the getter
+    is vLLM's own function under the other library's, with plain Python's code
+    (-O parity loaded its module), so both run on every call: -O gets plain
+    Python's behaviour (the getter raises, the merge keeps the draft capability)
+    and the other library counts every call. undo() takes kv_spec_merge out
+    from under the other wrapper (vLLM's own merge is back: plain, it refuses
+    the pair) and parity's finder off; the modules parity loaded keep plain
+    bytecode (the getter still raises) and parity's state says so; the other
+    library still runs; reapply and undo again stay true."""
     if order == "first":  # a process of its own: the hooks go in before vLLM is imported
         env = hermetic_env()
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE)])  # tests/real/other_library.py
@@ -317,8 +322,8 @@ def test_other_instrumentation_keeps_running_and_the_states_stay_true(release, o
         run = child(release, "pyoptimize", "plain", 1)
         out, stderr = run["coexist"], run.section_stderr("coexist")
     patched = {"getter": "AssertionError", "merge": "any"}
-    unpatched = {"getter": "returned None", "merge": "drops"}
-    beneath = {"getter": ["other_library.py", "KimiHotfixWrapper"],
+    unpatched = {"getter": "AssertionError", "merge": "rejects"}  # vLLM's own, plain code
+    beneath = {"getter": ["other_library.py", "function"],
                "merge": ["FunctionWrapper", "KimiHotfixWrapper"]}
     alone = {"getter": ["other_library.py", "function"], "merge": ["FunctionWrapper", "classmethod"]}
     for name, expect in (("applied", patched), ("undone", unpatched), ("reapplied", patched),
@@ -328,10 +333,12 @@ def test_other_instrumentation_keeps_running_and_the_states_stay_true(release, o
         # the other library's wrapper stays outermost; the shim's is the one beneath it
         assert seen["layers"] == (beneath if expect is patched else alone), (name, seen)
         assert seen["calls"]["getter"] == 1 and seen["calls"]["merge"] >= 1, (name, seen)
-        for patch in ("kv_spec_merge", "inner_dp_group"):
-            state = seen[patch]
-            if expect is patched:
-                assert state.startswith("applied") and "not needed" not in state, (name, seen)
-            else:
-                assert state == "disabled (undone)", (name, seen)
+        merge_state, parity_state = seen["kv_spec_merge"], seen["o_parity"]
+        if expect is patched:
+            assert merge_state.startswith("applied") and "not needed" not in merge_state, (name, seen)
+            assert parity_state.startswith("applied (package"), (name, seen)
+        else:
+            assert merge_state == "disabled (undone)", (name, seen)
+            assert parity_state.startswith("disabled (undone; ") and "keep plain bytecode" in \
+                parity_state, (name, seen)
     assert "could not restore" not in stderr, stderr
