@@ -12,9 +12,12 @@ interpreter's magic number and valid flags, and:
 - an *unchecked-hash* ``.pyc`` is used without looking at the source at all
   (unless ``--check-hash-based-pycs always``): reproducible builds make these.
 
-Otherwise it compiles the source. ``cached`` says which case a file is in,
-``load`` gives the code Python would take from a ``.pyc`` (kimi_hotfix.parity
-loads vLLM's modules with the plain-Python ``.pyc`` by this rule), and
+Otherwise it compiles the source (and writes a timestamp ``.pyc``, or a
+checked-hash one where it replaces one, unless it may not write bytecode).
+``cached`` says which case a file is in, ``load`` gives the code Python would
+take from a ``.pyc`` and ``dump`` the ``.pyc`` it would write
+(kimi_hotfix.parity loads vLLM's modules with the plain-Python ``.pyc`` by
+this rule), and
 ``not_the_running_source`` says when the ``.py`` on disk cannot be the source
 of the code this process runs: the bytecode Python used records another
 source, or the file changed after this process started. Stdlib only.
@@ -106,6 +109,22 @@ def load(source: str, optimize: int, source_bytes: Optional[bytes] = None):
 
     _imp._fix_co_filename(code, source)  # as importlib does: the path it was found at
     return code
+
+
+def dump(code, source: str, source_bytes: bytes, hashed: bool = False) -> Optional[bytes]:
+    """The ``.pyc`` Python would write for ``code`` compiled from ``source``:
+    a timestamp ``.pyc`` (the source's mtime and size), or a checked-hash one
+    where the ``.pyc`` it replaces was; None where the source cannot be read."""
+    try:
+        info = os.stat(source)
+    except OSError:
+        return None
+    if hashed:
+        head = (_FLAG_HASH | _FLAG_CHECKED).to_bytes(4, "little") + importlib.util.source_hash(source_bytes)
+    else:
+        head = (0).to_bytes(4, "little") + (int(info.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") \
+            + (info.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    return importlib.util.MAGIC_NUMBER + head + marshal.dumps(code)
 
 
 def process_started() -> Optional[float]:

@@ -18,9 +18,10 @@ to do; ``KIMI_HOTFIX_DISABLE=o_parity`` or ``KIMI_HOTFIX=0`` turn it off):
   asks the finders after it and, where the spec's loader is Python's own
   ``SourceFileLoader``, loads the module with ``PlainLoader``: the plain
   ``.pyc`` where Python's own rule accepts it (kimi_hotfix.bytecode; pip
-  writes these at install), else the source compiled with ``optimize=0``.
-  Asserts, ``if __debug__:`` blocks and docstrings are plain Python's. Nothing
-  is written. Other finders before it (wrapt's hooks, the shim's re-import
+  writes these at install), else the source compiled with ``optimize=0``,
+  cached as plain Python caches it (the plain ``.pyc``, where Python may
+  write bytecode). Asserts, ``if __debug__:`` blocks and docstrings are plain
+  Python's. Other finders before it (wrapt's hooks, the shim's re-import
   watch) wrap its loader as they wrap Python's.
 - vLLM modules imported before arming (vLLM's plugin loader arms the shim
   late, under launchers whose ``sitecustomize`` shadows the bootstrap; the
@@ -71,16 +72,24 @@ def is_vllm(name: str) -> bool:
 
 
 class PlainLoader(importlib.machinery.SourceFileLoader):
-    """Python's source loader, with the bytecode plain Python would run."""
+    """Python's source loader, with the bytecode plain Python would run: the
+    plain ``.pyc`` where Python's rule accepts it, else the source compiled at
+    level 0 and cached as plain Python caches it (not under
+    ``PYTHONDONTWRITEBYTECODE``; written by importlib's own ``set_data``)."""
 
     optimize = 0  # the level its modules' code is compiled at
 
     def get_code(self, fullname):
         path = self.get_filename(fullname)
         source = self.get_data(path)
-        code = bytecode.load(path, 0, source)
+        found = bytecode.cached(path, 0, source)
+        code = bytecode.load(path, 0, source) if found.used else None
         if code is None:
             code = compile(source, path, "exec", dont_inherit=True, optimize=0)
+            if not sys.dont_write_bytecode and found.path:
+                data = bytecode.dump(code, path, source, hashed=found.kind == "checked-hash")
+                if data is not None:  # importlib's own writer: atomic, the source's mode
+                    self._cache_bytecode(path, found.path, data)  # (it ignores OSError)
         return code
 
     def source_to_code(self, data, path, *, _optimize=-1):

