@@ -528,13 +528,10 @@ def parity_state() -> State:
 
 
 def _parity_head() -> str:
-    """The summary line's head names the -O parity in force, under -O only."""
-    if not sys.flags.optimize:
-        return ""
-    current = parity_state()
-    if current.kind == Kind.APPLIED:
-        return f", -O parity: {current.detail}"
-    return f", -O parity: {current.line_text()}"
+    """The summary line's head names the -O parity in force, under -O only (its
+    details: ``status``, ``check``, the JSON log's ``o_parity``; a ``partial`` or
+    ``failed`` one is also logged as a warning of its own)."""
+    return f", -O parity: {parity_mode()}" if sys.flags.optimize else ""
 
 
 def summary_line() -> str:

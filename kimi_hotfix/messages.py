@@ -32,9 +32,12 @@ class Message:
 
 SUMMARY = Message(
     logging.INFO, "%s",
-    "kimi-hotfix 0.1.0 (vllm <version>, python -O): <patch>: <state> | <patch>: <state> | ...",
+    "kimi-hotfix 0.1.0 (vllm <version>, python -O, -O parity: <mode>): <patch>: <state> | "
+    "<patch>: <state> | ...",
     "every patch's state in this process (pid in the prefix), logged once vLLM is imported "
-    "and again on each change; fork children log it at start",
+    "and again on each change; fork children log it at start. Under -O, the -O parity in "
+    "force: package (every vLLM module plain), late (armed after vLLM's modules ran: given "
+    "plain code in place), partial, off, failed",
     "expect it from every vLLM process (states below)")
 INACTIVE = Message(
     logging.WARNING, "kimi-hotfix inactive: cannot load kimi_hotfix.core (%s); vLLM runs unpatched",

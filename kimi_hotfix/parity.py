@@ -138,7 +138,7 @@ class Report:
         self.late: list = []  # vLLM modules that had run before arming
         self.swapped: dict = {}  # module name -> functions given plain code in place
         self.refused: dict = {}  # module name -> why its code stays -O's
-        self.unreached: dict = {}  # module name -> code objects with asserts not reached
+        self.unreached: dict = {}  # module name -> defs with asserts no function object runs
         self.undone = False
 
     def plain_modules(self) -> int:
@@ -148,7 +148,7 @@ class Report:
     def mode(self) -> str:
         if self.undone:
             return "off"
-        if self.refused or self.unreached:
+        if self.refused:
             return "partial"
         return "late" if self.late else "package"
 
@@ -165,9 +165,8 @@ class Report:
                                                        sorted(self.refused.items())[:3])
                          + (f" and {len(self.refused) - 3} more" if len(self.refused) > 3 else ""))
         if self.unreached:
-            parts.append(f"{sum(self.unreached.values())} functions with asserts not reached in "
-                         f"{', '.join(sorted(self.unreached)[:3])}"
-                         + (" ..." if len(self.unreached) > 3 else ""))
+            parts.append(f"{sum(self.unreached.values())} defs with asserts that never became "
+                         f"a function (a branch not taken) in {len(self.unreached)} modules")
         return "; ".join(parts)
 
 
@@ -207,6 +206,7 @@ def arm(changed=None) -> Report:
         _finder, _report = finder, report
     from kimi_hotfix import importwatch
 
+    loaded = []
     for name, module in list(sys.modules.items()):
         if not is_vllm(name) or module is None or runs_plain(module):
             continue
@@ -217,43 +217,105 @@ def arm(changed=None) -> Report:
                 report.refused[name] = f"cannot watch its import ({type(exc).__name__})"
             continue
         report.late.append(name)
-        swap(module, report)
+        loaded.append(module)
+    swap(loaded, report)
     return report
 
 
 def _swap_when_imported(module) -> None:
     if module is not None and _report is not None and not _report.undone:
-        swap(module, _report)
+        swap([module], _report)
         if _changed is not None:
             _changed()
 
 
-def swap(module, report: Report) -> None:
-    """Give ``module``'s functions their plain code, where the source is the
-    running code's; what cannot be is recorded in ``report``."""
-    name = module.__name__
-    try:
-        done = _swap(module)
-    except Exception as exc:  # contained: this module keeps its code, the others go on
-        report.refused[name] = f"{type(exc).__name__}: {exc}"
-        return
-    if isinstance(done, str):
-        report.refused[name] = done
-        return
-    swapped, unreached = done
-    if swapped:
-        report.swapped[name] = swapped
-    if unreached:
-        report.unreached[name] = unreached
+class _Plan:
+    """One module's plain code, keyed by (name, first line), and the functions
+    that get it."""
+
+    def __init__(self, module, origin, plain):
+        self.module, self.origin, self.pairs = module, origin, {}
+        self.codes: dict = {}
+        for code in _code_tree(plain):
+            self.codes.setdefault((code.co_name, code.co_firstlineno), []).append(code)
+        self.plain = plain
+
+    def take(self, func) -> Optional[str]:
+        """Pair ``func`` with its plain code; why not, where it is not the same def."""
+        if id(func) in self.pairs:
+            return None
+        old = func.__code__
+        found = self.codes.get((old.co_name, old.co_firstlineno), ())
+        if len(found) != 1:
+            return None  # no such def, or two on one line: not told apart
+        if not _same_def(old, found[0]):
+            return f"{func.__qualname__} does not match its plain code (the source is not " \
+                   "the running code's)"
+        self.pairs[id(func)] = (func, found[0])
+        return None
+
+    def unreached(self) -> int:
+        """Function code objects with asserts that no paired function runs."""
+        covered = {id(c) for _, new in self.pairs.values() for c in _code_tree(new)}
+        return sum(1 for code in _code_tree(self.plain)
+                   if id(code) not in covered and code.co_flags & _CO_OPTIMIZED and _asserts(code))
 
 
-def _swap(module):
-    """(functions swapped, code objects with asserts not reached), or why not."""
+def swap(modules, report: Report) -> None:
+    """Give the functions of ``modules`` their plain code, where the source is
+    the running code's; each module whole or not at all, its reasons in
+    ``report``. The functions are those the modules' namespaces reach, and,
+    where code with asserts is left over, every function object of their files
+    (one pass over the garbage collector's objects: registries, closures)."""
+    plans = {}
+    for module in modules:
+        name = module.__name__
+        try:
+            plan = _plan(module)
+        except Exception as exc:  # contained: this module keeps its code, the others go on
+            plan = f"{type(exc).__name__}: {exc}"
+        if isinstance(plan, str):
+            report.refused[name] = plan
+        elif plan is not None:
+            plans[name] = plan
+    refused = {}
+    for name, plan in plans.items():
+        for func in _functions(plan.module, plan.origin):
+            refused[name] = refused.get(name) or plan.take(func)
+    left = {plan.origin: name for name, plan in plans.items() if plan.unreached()}
+    if left:
+        import gc
+
+        for obj in gc.get_objects():
+            if type(obj) is types.FunctionType and obj.__code__.co_filename in left:
+                name = left[obj.__code__.co_filename]
+                refused[name] = refused.get(name) or plans[name].take(obj)
+    for name, plan in plans.items():
+        if refused.get(name):
+            report.refused[name] = refused[name]
+            continue
+        swapped = 0
+        for func, new in plan.pairs.values():
+            old = func.__code__
+            if new != old:
+                func.__code__ = new
+                _swaps.append((func, old))
+                swapped += 1
+        if swapped:
+            report.swapped[name] = swapped
+        unreached = plan.unreached()
+        if unreached:  # defined in a branch that never ran, or created and dropped
+            report.unreached[name] = unreached
+
+
+def _plan(module):
+    """The module's ``_Plan``, None where it has no Python source (an
+    extension, a namespace package), or why its source is not the running code's."""
     spec = getattr(module, "__spec__", None)
     origin = getattr(spec, "origin", None)
     if spec is None or not isinstance(origin, str) or not origin.endswith(".py") \
             or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
-        return 0, 0  # an extension, a namespace package, a frozen module: no Python asserts
+        return None
     why = bytecode.not_the_running_source(origin)
     if why:
         return why
@@ -262,32 +324,7 @@ def _swap(module):
     plain = bytecode.load(origin, 0, source)
     if plain is None:
         plain = compile(source, origin, "exec", dont_inherit=True, optimize=0)
-    codes: dict = {}
-    for code in _code_tree(plain):
-        codes.setdefault((code.co_name, code.co_firstlineno), []).append(code)
-    pairs = []
-    for func in _functions(module, origin):
-        old = func.__code__
-        found = codes.get((old.co_name, old.co_firstlineno), ())
-        if len(found) != 1:
-            continue  # no such def, or two on one line: not told apart
-        if not _same_def(old, found[0]):
-            return (f"{func.__qualname__} does not match its plain code (the source is not "
-                    "the running code's)")
-        pairs.append((func, found[0]))
-    covered: set = set()
-    swapped = 0
-    for func, new in pairs:  # all checked first: a module is given plain code whole, or not
-        covered.update(id(c) for c in _code_tree(new))
-        old = func.__code__
-        if new != old:
-            func.__code__ = new
-            _swaps.append((func, old))
-            swapped += 1
-    # a function's code (not the module's or a class body's: they ran once, at import)
-    unreached = sum(1 for code in _code_tree(plain)
-                    if id(code) not in covered and code.co_flags & _CO_OPTIMIZED and _asserts(code))
-    return swapped, unreached
+    return _Plan(module, origin, plain)
 
 
 def _same_def(old, new) -> bool:
@@ -322,7 +359,8 @@ def _asserts(code) -> bool:
 def _functions(module, filename):
     """The functions defined in ``filename`` that ``module``'s namespace
     reaches: its functions, its classes' (nested classes too) methods, static
-    and class methods, properties, and ``__wrapped__`` chains. Attributes are
+    and class methods, properties, ``__wrapped__`` chains and what the closures
+    of the functions reached hold (a decorator's wrapper). Attributes are
     read from ``__dict__``s, never through ``getattr``: a module's
     ``__getattr__`` (vLLM's lazy imports) is not run."""
     found, seen = [], set()
@@ -339,6 +377,11 @@ def _functions(module, filename):
             wrapped = vars(obj).get("__wrapped__")
             if wrapped is not None:
                 todo.append(wrapped)
+            for cell in obj.__closure__ or ():  # a decorator's wrapper holds the def it wrapped
+                try:
+                    todo.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    pass
         elif isinstance(obj, (classmethod, staticmethod)):
             todo.append(obj.__func__)
         elif isinstance(obj, property):

@@ -268,7 +268,7 @@ def check_patch(core, patch, state, import_error=None) -> dict:
         with toggle(True) as state_with:
             entry["state_with"] = str(state_with)
             entry["with"] = run_probe(patch)
-            after = core.states()[patch.name]
+            after = core.states().get(patch.name) or core.parity_state()  # after the probe
             if after.failures:
                 entry["failures_with"] = f"{after.failures} call(s), first: {after.first_failure}"
     except Exception as exc:  # core's own machinery failing: report, do not crash

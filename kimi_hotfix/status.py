@@ -327,7 +327,8 @@ def deployment() -> dict:
 # what a vLLM process loads of the shim (at arming, at the targets' imports, at
 # prometheus_client's), besides the patch modules
 RUNTIME = ("kimi_hotfix.core", "kimi_hotfix.metrics", "kimi_hotfix.scrape", "kimi_hotfix.patching",
-           "kimi_hotfix.outcome", "kimi_hotfix.wrapping", "kimi_hotfix.importwatch")
+           "kimi_hotfix.outcome", "kimi_hotfix.wrapping", "kimi_hotfix.importwatch",
+           "kimi_hotfix.parity")
 
 
 def _broken(plugin) -> list:
@@ -414,7 +415,13 @@ def status_report() -> dict:
     wrapt = _wrapt_info()
     patches = []
     usable = registry is not None and "kimi_hotfix.patching" in sys.modules  # the patch API loads
-    parity = _parity_entry(core, cfg, broken, python["optimize"], vllm_version) if usable else None
+    parity = None
+    if usable:
+        try:
+            parity = _parity_entry(core, cfg, broken, python["optimize"], vllm_version)
+        except Exception as exc:  # its metadata (kimi_hotfix.parity_probe) cannot load
+            if not any(b["module"] == "kimi_hotfix.parity" for b in broken):  # named already
+                broken.append({"module": "kimi_hotfix.parity_probe", "error": describe(exc)})
     for name, patch in (registry.patches().items() if usable else ()):
         if core is None:  # nothing can arm: every patch fails with the cause
             first = broken[0]
@@ -463,11 +470,10 @@ def status_report() -> dict:
 
 def _parity_entry(core, cfg, broken, optimize, vllm_version):
     """-O parity (kimi_hotfix.parity: armed by core, not a registry patch), as
-    the patches are listed; None where its module cannot load (``broken`` names it)."""
-    try:
-        from kimi_hotfix.parity_probe import PROBE
-    except Exception:
-        return None
+    the patches are listed (its metadata: kimi_hotfix.parity_probe, which raises
+    where it cannot load)."""
+    from kimi_hotfix.parity_probe import PROBE
+
     if core is None:
         first = broken[0]
         state = State(Kind.FAILED, f"the shim cannot arm: {first['module']} cannot load "

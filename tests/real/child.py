@@ -252,6 +252,10 @@ def process():
         "thread_import_errors": THREAD_ERRORS,
         "meta_path_removals": META_PATH_REMOVALS,
         "late": LATE,
+        "o_parity": str(core.parity_state()), "o_parity_mode": core.parity_mode(),
+        "plain_modules": sorted(n for n, m in list(sys.modules.items())
+                                if n.startswith("vllm") and type(getattr(getattr(
+                                    m, "__spec__", None), "loader", None)).__name__ == "PlainLoader"),
     }
 
 
@@ -337,16 +341,11 @@ def pickling():
     import pickle
 
     import cloudpickle
-    from vllm.config import vllm as config_vllm
-    from vllm.distributed import parallel_state
 
     ways = {"pickle": lambda o: pickle.loads(pickle.dumps(o)),
             "cloudpickle": lambda o: cloudpickle.loads(cloudpickle.dumps(o)),
             "copy": copy.copy, "deepcopy": copy.deepcopy}
     found = {"MLAAttentionSpec.merge": kvi.MLAAttentionSpec.merge,
-             "FullAttentionSpec.merge": kvi.FullAttentionSpec.merge,
-             "get_inner_dp_world_group": parallel_state.get_inner_dp_world_group,
-             "VllmConfig.__post_init__": config_vllm.VllmConfig.__post_init__,
              "CudaGraphManager._init_candidates": cudagraph_utils.CudaGraphManager._init_candidates,
              "KimiK3KDAMetadataBuilder.build": kda_metadata.KimiK3KDAMetadataBuilder.build}
     import wrapt

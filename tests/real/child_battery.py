@@ -1,6 +1,7 @@
 """The merge battery (child side): every merge classmethod of the installed
 vLLM on 800 to 1,300 spec combinations (by release: more spec classes, more
-fields), with kv_spec_merge toggled on (hardened) and off (vLLM's own), then
+fields), with kv_spec_merge toggled on ("hardened": the shim's merges; under
+-O, -O parity's plain code beneath) and off (vLLM's own), then
 the public undo()/reapply() where the shim applied it. Runs inside child.py;
 no ``assert`` (the child may run under -O)."""
 
@@ -133,10 +134,14 @@ def group_capability(specs):
 
 
 def fresh_codes(kvi):
-    """merge code objects compiled now from vLLM's own source file, as this
-    interpreter (-O or not) compiled them at import."""
+    """merge code objects compiled now from vLLM's own source file, as the
+    module was compiled at import (this interpreter's level, or plain where -O
+    parity loaded it)."""
+    from kimi_hotfix import parity
+
+    level = 0 if parity.runs_plain(kvi) else -1
     with open(kvi.__file__) as f:
-        module = compile(f.read(), kvi.__file__, "exec", dont_inherit=True, optimize=-1)
+        module = compile(f.read(), kvi.__file__, "exec", dont_inherit=True, optimize=level)
     found, todo = {}, [module]
     while todo:
         code = todo.pop()

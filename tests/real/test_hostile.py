@@ -55,7 +55,7 @@ FORGED = ("2026-01-01 00:00:00,000 kimi-hotfix[1] INFO kimi-hotfix 0.1.0 (vllm 0
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 VALID = {"role": "EngineCore", "states": {"kv_spec_merge": "applied"}, "cost": {"arm": 0.1},
          "info": {"version": "0.1.0", "vllm": "0.29.0", "python": "python -O", "enabled": "true",
-                  "armed_by": "sitecustomize"}}
+                  "armed_by": "sitecustomize", "o_parity": "package"}}
 
 
 def cases(shared):

@@ -6,9 +6,10 @@ hash seeds, vLLM's own planner groups the Kimi-K3 layer sets exactly as vLLM
 the shim switched off (KIMI_HOTFIX=0, or every patch disabled by name) the -O
 bug reproduces, under two hash seeds, which keep different cache dtypes. The
 battery runs every merge classmethod on 800 to 1,300 spec combinations (by
-release) with the patch toggled on and off: the hardened merge equals vLLM's
-own plain-Python merge (the capability aside, which merges with any()), under
--O and -OO too. Nothing about vLLM's grouping is hard-coded here.
+release) with the patch toggled on and off: the shim's merges (kv_spec_merge's
+capability wrapper over vLLM's own, with -O parity's plain code under -O and
+-OO) equal vLLM's own plain-Python merges, the capability aside, which merges
+with any(). Nothing about vLLM's grouping is hard-coded here.
 """
 
 from __future__ import annotations
@@ -96,16 +97,16 @@ def test_patch_state_and_the_summary_line(release, opt):
     (lines,) = summaries(run.stderr).values()
     assert any(f"kv_spec_merge: {state} |" in line for line in lines), lines
     merges = run["wrapped"]["merge"]
-    if opt == "O" or release.startswith("0.29.0"):
+    if release.startswith("0.29.0"):  # the capability: 0.29.0's merge refuses the pair
         assert (kind, state) == ("applied", "applied")
-        assert merges["MLAAttentionSpec"] and merges["FullAttentionSpec"]
-    else:  # 0.30.0 and later without -O: the capability semantics are vLLM's own
+        assert [c for c, wrapped in merges.items() if wrapped] == ["MLAAttentionSpec"], merges
+    else:  # 0.30.0 and later: the capability semantics are vLLM's own, -O or not
         assert kind == "not_needed" and state.startswith("not needed: upstream fixed ("), state
         assert not any(merges.values()), merges
-    # the shim's decision without -O is what vLLM's own merge does (measured here)
-    if opt == "plain":
-        own = run["battery"]["original_capability_merge"]
-        assert (kind == "applied") is (own is not True), own
+    # the shim's decision is what vLLM's own merge does (measured here; plain code under
+    # -O too: -O parity)
+    own = run["battery"]["original_capability_merge"]
+    assert (kind == "applied") is (own is not True), own
 
 
 # -- the battery: every merge classmethod, hardened vs vLLM's own -----------------
@@ -157,8 +158,13 @@ def test_hardened_merge_under_O_raises_where_plain_vllm_does(release, opt):
     raises_plain = {k for k, v in plain["original"].items()
                     if v.startswith("raise AssertionError") and k not in capability}
     assert raises_o - set(capability) == raises_plain
-    # ...and the battery has teeth: vLLM's own merge under -O is different
-    assert optimized["original"] != plain["original"], "-O changed nothing?"
+    # vLLM's own merges (the patch toggled off) under -O parity are plain Python's ...
+    assert optimized["original"] == plain["original"]
+    # ...and the battery has teeth: without the shim, vLLM's own merges under -O differ
+    unpatched = [c for c in UNPATCHED_O if c in PLAN[release] and c.startswith("off:")]
+    for config in unpatched:
+        name, level, seed = config.split(":")
+        assert child(release, name, level, int(seed))["battery"]["original"] != plain["original"]
 
 
 @pytest.mark.releases(*ALL)
@@ -166,10 +172,9 @@ def test_hardened_merge_under_O_raises_where_plain_vllm_does(release, opt):
 def test_toggles_and_undo_put_vllm_back(release, opt):
     battery = child(release, "on", opt)["battery"]
     assert battery["state_on"].startswith("applied")
-    assert all(battery["wrapped_on"][c] for c in ("MLAAttentionSpec", "FullAttentionSpec"))
+    assert [c for c, on in battery["wrapped_on"].items() if on] == ["MLAAttentionSpec"]
     assert battery["state_off"] in ("disabled (toggled off)", "not needed: upstream fixed "
-                                    "(MLAAttentionSpec.merge keeps the draft capability; "
-                                    "asserts are live without -O)")
+                                    "(MLAAttentionSpec.merge keeps the draft capability (any()))")
     assert battery["restored"] and all(battery["restored"].values()), battery["restored"]
     assert battery["toggles_left_no_trace"] is True
     # the merges as installed, after the toggles, compute what the hardened ones do: the
@@ -181,7 +186,7 @@ def test_toggles_and_undo_put_vllm_back(release, opt):
         assert battery["reapply_state"] == "applied"
         assert battery["reapply_same_originals"] is True
         assert battery["reapply_equal_hardened"] is True
-    assert ("undo_state" in battery) is (opt == "O" or release.startswith("0.29.0"))
+    assert ("undo_state" in battery) is release.startswith("0.29.0")
 
 
 @pytest.mark.releases("0.29.0")  # where kv_spec_merge applies plain and -O
