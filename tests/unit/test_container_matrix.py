@@ -46,8 +46,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, STANDINS, hermetic_env
 from kimi_hotfix import bytecode as pyc_rule
+
+from helpers import REPO, STANDINS, hermetic_env
 
 NEW = "inner dp world group is not initialized"
 OLD = "inner dp world group is not initialized (as built)"

@@ -62,7 +62,8 @@ def run(tmp_path, mode):
     tmp.mkdir()
     env = hermetic_env(TMPDIR=str(tmp))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDINS / "vllm_complete")])
-    first = subprocess.Popen([sys.executable, "-c", BEFORE, AFTER, str(work), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen([sys.executable, "-c", BEFORE, AFTER, str(work), mode], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not (work / "ready").exists():
