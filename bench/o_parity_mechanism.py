@@ -121,7 +121,7 @@ def measure(modname, names, rounds):
     def late():
         report = parity.Report()
         done = len(parity._swaps)
-        parity.swap(module, report)
+        parity.swap([module], report)
         while len(parity._swaps) > done:  # back to -O's code for the next round
             func, old = parity._swaps.pop()
             func.__code__ = old

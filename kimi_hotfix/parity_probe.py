@@ -35,6 +35,16 @@ def _mla_before_mamba():
     return planner({"mla.0": mla, "kda.0": mamba})
 
 
+def _cache_dtypes_differ():
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    import torch
+
+    mla = [MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16,
+                            cache_dtype_str=dtype) for dtype in ("auto", "bfloat16")]
+    return MLAAttentionSpec.merge(mla).cache_dtype_str
+
+
 def _inner_dp_group():
     from vllm.distributed import parallel_state
 
@@ -66,6 +76,8 @@ CASES = {
     "MLA + KDA/Mamba layers (is_kv_cache_spec_uniform)":
         (("vllm.v1.kv_cache_interface", "vllm.v1.core.kv_cache_utils",
           "vllm.v1.core.kv_cache_planning"), _mla_before_mamba),
+    "MLA specs whose cache dtypes differ (MLAAttentionSpec.merge)":
+        (("vllm.v1.kv_cache_interface",), _cache_dtypes_differ),
     "no inner-DP group (get_inner_dp_world_group)":
         (("vllm.distributed.parallel_state",), _inner_dp_group),
     "DCP 8, block 64, interleave 128 (validate_block_size)":

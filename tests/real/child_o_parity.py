@@ -72,7 +72,7 @@ def with_parity(modules, call):
     report = parity.Report()
     done = len(parity._swaps)
     for name in modules:
-        parity.swap(importlib.import_module(name), report)
+        parity.swap([importlib.import_module(name)], report)
     try:
         if report.refused:
             return f"refused: {report.refused}"

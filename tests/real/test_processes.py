@@ -80,7 +80,7 @@ def test_optimized_python_is_patched(release, config, level):
     (lines,) = summaries(run.stderr).values()  # one process, a line per change
     assert line_states(lines[0]) == dict.fromkeys(PATCHES, "pending")
     settled = next(line for line in lines if line_states(line) == dict.fromkeys(PATCHES, "applied"))
-    assert f"python -{'O' * level})" in settled, run.stderr
+    assert f"python -{'O' * level}, -O parity: package)" in settled, run.stderr
     assert warning_lines(run.stderr) == []
 
 

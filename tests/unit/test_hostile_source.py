@@ -86,7 +86,7 @@ out["side_effect"] = attempt(lambda: recompile.recompile(target.with_side_effect
 out["seen"] = list(target.SEEN)
 out["default"] = attempt(lambda: recompile.recompile(target.with_default, lambda t: None))
 report = parity.Report()
-parity.swap(target, report)
+parity.swap([target], report)
 out["parity"] = {"refused": report.refused.get("target"), "swapped": report.swapped.get("target", 0)}
 try:
     out["parity"]["guarded"] = ["ok", target.guarded(-1)]
