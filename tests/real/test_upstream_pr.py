@@ -18,8 +18,11 @@ The release tree is vLLM 0.33.0's sdist (``scripts/get-sdist 0.33.0``: its
   ``tests/conftest.py`` imports): one pytest run over the three files whole,
   selecting the patches' tests, per tree state: the release's ``vllm/``
   (every selected test fails) and the patched one (upstream/overlay.py: every
-  selected test passes). Each file's whole collection succeeds in both. The
-  counts and the reasons each Test Result gives are those runs'.
+  selected test passes). Each file's whole collection succeeds in both. 0003's
+  tests run vLLM's checks in the test process, so its file runs again in both
+  states under ``python -O -m pytest`` (pytest rewrites the tests' asserts: they
+  still check). The counts and the reasons each Test Result gives are those
+  runs'.
 - Each patch is a ``git format-patch`` with a ``[Bugfix][Scope]`` subject that
   names nobody (no ``From:`` author header, no ``Signed-off-by:``: the
   submitter certifies the DCO) and discloses AI assistance with a
@@ -93,8 +96,8 @@ CHECKLIST = (
 BLANK = re.compile(r"\*\*\[SUBMITTER: (.*?)\]\*\*", re.S)
 # Each sentence of a PR text that says "measured" (by a phrase of it) and the
 # tests of this project that make the measurement. Not measured here, so not
-# said to be: 0003's Mamba align and compile-range-0 cases under python -O and
-# 0002's get_forward_context (read from the code).
+# said to be: 0002's get_forward_context (read from the code). 0003's Test Result
+# gives its python -O -m pytest runs as runs, not as a measurement.
 MEASURED = {
     "0001": {
         "I measured on CPU with the v0.33.0 release under `python -O`: `is_kv_cache_spec_uniform`": [
@@ -270,17 +273,28 @@ def new_tests(patch_name: str) -> frozenset:
 OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (tests/\S+?)::(\S+)", re.M)
 
 
+# The patches whose tests run vLLM's code in the test process (0001's and 0002's
+# start a python -O child of their own): their files also run under python -O -m
+# pytest (pytest rewrites the tests' asserts, so they still check).
+IN_PROCESS = ("0003",)
+
+
 @functools.cache
-def pytest_run(state: str) -> dict:
-    """vLLM's pytest, in ``run_tree(state)``, over the patches' test files whole,
+def pytest_run(state: str, optimize: bool = False) -> dict:
+    """vLLM's pytest (``python -O -m pytest`` if ``optimize``: IN_PROCESS's
+    files only), in ``run_tree(state)``, over the patches' test files whole,
     selecting (-k) the tests they add or change: {"outcomes": {(file, node id
     after the file): outcome}, "stdout", "rc", "collected", "deselected"}."""
     tree = run_tree(state)
-    files = [rel for patch in PATCHES for rel in changed_test_files(patch)]
-    names = sorted({name for patch in PATCHES for _f, name in new_tests(patch.name)})
-    proc = measured_run([suite_python(), "-m", "pytest", *files, "-k", " or ".join(names), "-rA",
-                         "-vv", "--tb=short", "-p", "no:cacheprovider"], cwd=str(tree),
-                        env=hermetic_env(shim=False, COLUMNS="400"), timeout=900)
+    patches = [p for p in PATCHES if not optimize or number(p) in IN_PROCESS]
+    files = [rel for patch in patches for rel in changed_test_files(patch)]
+    names = sorted({name for patch in patches for _f, name in new_tests(patch.name)})
+    env = hermetic_env(shim=False, COLUMNS="400")
+    env.pop("VLLM_LOGGING_LEVEL")  # vLLM's default (INFO, to stdout), as in its CI
+    flags = ["-O"] if optimize else []
+    proc = measured_run([suite_python(), *flags, "-m", "pytest", *files, "-k", " or ".join(names),
+                         "-rA", "-vv", "--tb=short", "-p", "no:cacheprovider"], cwd=str(tree),
+                        env=env, timeout=900)
     # "collecting ... collected N items / D deselected / S selected" (one line when not a tty)
     collected = re.search(r"collected (\d+) items / (\d+) deselected / (\d+) selected", proc.stdout)
     assert collected, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -528,11 +542,15 @@ def test_first_pr_gives_the_words_for_the_overlapping_pr(release):
     assert "Follow-up to #55234" in purpose and "#54649" in purpose
     assert "Fixes #54649" not in text  # that issue is closed
     assert "`KVCacheSpec.merge`'s docstring" in purpose
-    # words for #55187's thread, posted before opening: how the two differ, which should land
-    words = purpose[purpose.index("**Relation to #55187**"):]
-    words, blank = words.split("**[SUBMITTER:", 1)[0], words.split("**[SUBMITTER:", 1)[1]
-    assert "catches only `AssertionError`" in words and "should land" in words
-    assert blank.startswith(" before opening this PR, post the paragraph above in #55187's thread")
+    assert "**Relation to #55187**" in purpose and "should land" in purpose
+    # the words for #55187's thread, to post before opening: how the two differ, which should land
+    blank = purpose.split("**[SUBMITTER: before opening this PR, post the comment below in #55187's")
+    assert len(blank) == 2, "no placeholder asking to post in #55187's thread first"
+    comment = blank[1].split("]**", 1)[1].split("**[SUBMITTER:", 1)[0]
+    assert comment.strip().startswith("> "), "the comment to post, quoted"
+    comment = comment.replace(" > ", " ")
+    assert "catches only `AssertionError`" in comment
+    assert "should land" in comment and "#55234" in comment
 
 
 def test_second_and_third_pr_texts_say_what_the_review_asked(release):
@@ -541,7 +559,7 @@ def test_second_and_third_pr_texts_say_what_the_review_asked(release):
                    "vllm/v1/worker/block_table.py", "get_forward_context()"):
         assert caller in second, caller
     third = " ".join(PR_TEXT["0003"].read_text().split())
-    assert "#49777" in third and "read those two from the code" in third
+    assert "#49777" in third and "Under `python -O -m pytest`" in third
     assert "`ValidationError` is a `ValueError`" in third
 
 
@@ -558,43 +576,63 @@ def test_patch_states_the_contract_once(release):
 
 def claimed(patch: Path) -> dict:
     """What the PR's Test Result says the runs printed: the counts with and
-    without the fix, and the reasons (backticked) it gives for the failures."""
+    without the fix, and the reasons (backticked) it gives for the failures;
+    under "optimized", the same for its python -O -m pytest sentence."""
     results = " ".join(section(patch, "## Test Result", "\n---\n").split())
     with_fix = re.search(r"With this PR: `(\d+ passed)`", results).group(1)
     without = re.search(r"Without it \(v0\.33\.0 as released\): `(\d+ failed)` \((.*?)\)\.", results)
-    return {"with": with_fix, "without": without.group(1),
+    said = {"with": with_fix, "without": without.group(1),
             "reasons": re.findall(r"`([^`]+)`", without.group(2))}
+    optimized = re.search(r"Under `python -O -m pytest`.*?: with this PR `(\d+ passed)`; without it "
+                          r"`(\d+ failed)` \((.*?)\)\.", results)
+    if optimized:
+        said["optimized"] = {"with": optimized.group(1), "without": optimized.group(2),
+                             "reasons": re.findall(r"`([^`]+)`", optimized.group(3))}
+    return said
+
+
+def check_runs(runs: dict, patches: list, claims: dict) -> None:
+    """``runs`` ({"released": ..., "fixed": ...}, one mode): their whole
+    collection succeeded, every selected test failed on the release and passed
+    with the patches, and the counts and reasons match ``claims`` (by patch)."""
+    for state, run in runs.items():
+        assert run["rc"] == (1 if state == "released" else 0), (state, run["stdout"][-6000:])
+        assert "error" not in run["stdout"].splitlines()[-1], run["stdout"][-3000:]
+        assert run["deselected"] > 0 and run["collected"] == runs["released"]["collected"]
+    wanted = {(rel, name) for patch in patches for rel, name in new_tests(patch.name)}
+    for state, want in (("released", "FAILED"), ("fixed", "PASSED")):
+        outcomes = runs[state]["outcomes"]
+        assert {(path, node.split("[")[0]) for path, node in outcomes} == wanted, outcomes
+        assert set(outcomes.values()) == {want}, (state, outcomes)
+    for patch in patches:
+        mine = [key for key in runs["fixed"]["outcomes"]
+                if (key[0], key[1].split("[")[0]) in new_tests(patch.name)]
+        said = claims[number(patch)]
+        assert said["with"] == f"{len(mine)} passed" and said["without"] == f"{len(mine)} failed"
+        for reason in said["reasons"]:
+            assert reason in runs["released"]["stdout"], (patch.name, reason)
+            assert reason not in runs["fixed"]["stdout"], (patch.name, reason)
 
 
 def test_new_tests_fail_without_the_fix_and_pass_with_it(release):
     """One pytest run per tree state over the three files whole: their whole
     collection succeeds (no collection error; the other tests deselected), every
     selected test fails on the release and passes with the patches, and each
-    PR's Test Result gives those counts and reasons."""
+    PR's Test Result gives those counts and reasons. IN_PROCESS's files again
+    under python -O -m pytest, as its Test Result says."""
     runs = {state: pytest_run(state) for state in ("released", "fixed")}
-    for state, run in runs.items():
-        assert run["rc"] == (1 if state == "released" else 0), (state, run["stdout"][-6000:])
-        assert "error" not in run["stdout"].splitlines()[-1], run["stdout"][-3000:]
-        assert run["deselected"] > 0 and run["collected"] == runs["released"]["collected"]
-    wanted = {(rel, name) for patch in PATCHES for rel, name in new_tests(patch.name)}
-    for state, want in (("released", "FAILED"), ("fixed", "PASSED")):
-        outcomes = runs[state]["outcomes"]
-        assert {(path, node.split("[")[0]) for path, node in outcomes} == wanted, outcomes
-        assert set(outcomes.values()) == {want}, (state, outcomes)
-    for patch in PATCHES:
-        mine = [key for key in runs["fixed"]["outcomes"]
-                if (key[0], key[1].split("[")[0]) in new_tests(patch.name)]
-        said = claimed(patch)
-        assert said["with"] == f"{len(mine)} passed" and said["without"] == f"{len(mine)} failed"
-        for reason in said["reasons"]:
-            assert reason in runs["released"]["stdout"], (patch.name, reason)
-            assert reason not in runs["fixed"]["stdout"], (patch.name, reason)
+    check_runs(runs, PATCHES, {number(patch): claimed(patch) for patch in PATCHES})
     # PR.md: under python -O the other merges return a merged spec and the set
     # picks a candidate (pytest's full diff lists what 0001's child printed)
     printed = dict(re.findall(r"^E\s+\+\s+'(\w+) (\w+)", runs["released"]["stdout"], re.M))
     assert {"rswa": "RSWASpec", "sink": "SinkFullAttentionSpec",
             "sliding_mla": "SlidingWindowMLASpec"}.items() <= printed.items(), printed
     assert printed["block_table_widths"] in ("2", "4") and printed["page_sizes"].isdigit(), printed
+    optimized = [patch for patch in PATCHES if number(patch) in IN_PROCESS]
+    claims = {number(patch): claimed(patch).get("optimized") for patch in optimized}
+    assert all(claims.values()), "a Test Result without its python -O -m pytest sentence"
+    check_runs({state: pytest_run(state, optimize=True) for state in ("released", "fixed")},
+               optimized, claims)
 
 
 def test_first_pr_reproducer_prints_its_table(release):

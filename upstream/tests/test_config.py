@@ -8,15 +8,18 @@
     [
         pytest.param(
             {
+                "device_config": DeviceConfig(device="cpu"),
                 "parallel_config": ParallelConfig(
-                    tensor_parallel_size=8, decode_context_parallel_size=4
+                    tensor_parallel_size=4,
+                    decode_context_parallel_size=2,
+                    distributed_executor_backend="mp",
                 ),
                 "kv_transfer_config": KVTransferConfig(
                     kv_connector="NixlConnector", kv_role="kv_both"
                 ),
             },
-            "must be 1 or equal to the NIXL transfer parallel size=8",
-            id="nixl_dcp_4_of_tp_8",
+            "must be 1 or equal to the NIXL transfer parallel size=4",
+            id="nixl_dcp_2_of_tp_4",
         ),
         pytest.param(
             {"compilation_config": CompilationConfig(compile_ranges_endpoints=[0])},

@@ -4,7 +4,7 @@
 def test_spec_merges_keep_their_checks_under_python_O():
     # The planner reads a merge's AssertionError as "these layers cannot share
     # a KV cache group" (see test_is_kv_cache_spec_uniform).
-    script = """
+    script = r"""
 import sys
 from dataclasses import replace
 
@@ -54,11 +54,13 @@ cases = {
     "block_table_widths": lambda: widths.max_num_blocks_per_req(VllmConfig(), 64),
     "page_sizes": lambda: get_uniform_page_size([full, replace(full, head_size=128)]),
 }
+outcomes = []
 for name, case in cases.items():
     try:
-        print(name, case())
+        outcomes.append(f"{name} {case()}")
     except Exception as e:
-        print(name, type(e).__name__)
+        outcomes.append(f"{name} {type(e).__name__}")
+print(*outcomes, sep="\n")  # last: vLLM logs to stdout too
 """
     proc = subprocess.run(
         [sys.executable, "-O", "-c", script],

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 # >>> after def test_cpu_spec_replicated_disabled_without_shared_region
 def test_all_workers_barrier_under_python_O():
-    script = """
+    script = r"""
 import sys
 import vllm.distributed.parallel_state as ps
 from vllm.utils.network_utils import get_open_port
@@ -16,19 +16,19 @@ from vllm.v1.kv_offload.cpu.spec import _all_workers_barrier
 if sys.flags.optimize < 1:
     raise RuntimeError("subprocess is not running with optimization enabled")
 
-def outcome(name, call):
+def outcome(name, call=None):  # call: ps.get_{name}_group by default
     try:
-        call()
-        print(name, "ok")
+        (call or getattr(ps, f"get_{name}_group"))()
+        return f"{name} ok"
     except Exception as e:
-        print(name, type(e).__name__)
+        return f"{name} {type(e).__name__}"
 
 # callers catch the getters' AssertionError outside a distributed run
-outcome("world", ps.get_world_group)
+outcomes = [outcome("world")]
 ps.init_distributed_environment(1, 0, f"tcp://127.0.0.1:{get_open_port()}", 0, "gloo")
-outcome("barrier", _all_workers_barrier)  # no inner-DP group: the world group's
-for name in ("tp", "pp", "dcp", "pcp"):
-    outcome(name, getattr(ps, f"get_{name}_group"))
+outcomes.append(outcome("barrier", _all_workers_barrier))  # no inner-DP group
+outcomes += [outcome(name) for name in ("tp", "pp", "dcp", "pcp")]
+print(*outcomes, sep="\n")  # last: vLLM logs to stdout too
 """
     proc = subprocess.run(
         [sys.executable, "-O", "-c", script],
