@@ -628,6 +628,8 @@ def test_new_tests_fail_without_the_fix_and_pass_with_it(release):
     assert {"rswa": "RSWASpec", "sink": "SinkFullAttentionSpec",
             "sliding_mla": "SlidingWindowMLASpec"}.items() <= printed.items(), printed
     assert printed["block_table_widths"] in ("2", "4") and printed["page_sizes"].isdigit(), printed
+    # PR-0002.md: under python -O the other five getters returned instead of raising
+    assert {name: "ok" for name in ("world", "tp", "pp", "dcp", "pcp")}.items() <= printed.items()
     optimized = [patch for patch in PATCHES if number(patch) in IN_PROCESS]
     claims = {number(patch): claimed(patch).get("optimized") for patch in optimized}
     assert all(claims.values()), "a Test Result without its python -O -m pytest sentence"
