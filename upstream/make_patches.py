@@ -1,33 +1,46 @@
-"""Rebuild the upstream patches from the released vLLM 0.33.0 files.
+"""Build the upstream patches in a git checkout of vLLM 0.33.0's release tree.
 
-    python upstream/make_patches.py VLLM_0_33_TREE [--check]
+    python upstream/make_patches.py [SDIST_TREE] [--check]
 
-VLLM_0_33_TREE holds the ``vllm/`` package of the 0.33.0 wheel (e.g. a vLLM
-venv's site-packages). For each patch, a scratch git repository gets the
-original files, the edit below and the regression test from
-``upstream/tests/``; ``git format-patch`` writes ``upstream/000N-*.patch``.
+SDIST_TREE is the unpacked 0.33.0 release sdist: vLLM's ``vllm/`` and its
+whole ``tests/`` (``scripts/get-sdist 0.33.0`` prints it; without the
+argument, this runs it). ``release_repo`` commits the tree whole to a scratch
+git repository ("vLLM 0.33.0 as released", honouring the tree's own
+``.gitignore``). Each patch is one commit on it: its ``vllm/`` edit and its
+test edits, written into vLLM's own test files where 0.33.0 keeps that kind of
+test; ``git format-patch`` writes ``upstream/000N-*.patch``. ``--check``
+rebuilds into a scratch directory and fails when a committed patch differs.
+
+The edits:
+
+- 0001's ``vllm/`` edit is the hand-written one kept in its patch (its
+  ``vllm/`` hunks, applied with ``patch --fuzz=0``).
+- 0002 and 0003 are mechanical: in the functions named, ``assert cond, msg``
+  becomes ``if <cond negated as a person writes it>: raise <exception>(msg)``
+  (same message, the condition evaluated once, ``if a: assert b`` joined into
+  one ``if``), 0003 leaving type-narrowing asserts (``isinstance(...)``,
+  ``x is not None``, with no message) as they are.
+- The test edits are ``upstream/tests/<path>``, each an edit of vLLM's file at
+  ``<path>`` (``edit_test_file``: after a top-level def, after a line, or
+  replacing a line, each anchor found exactly once).
+
+Every changed file is then run through ``ruff format`` with the tree's own
+``pyproject.toml`` (vLLM's settings; 0.33.0's files are ruff-formatted as
+released).
 
 No patch carries an identity: the commit is made under a placeholder and the
 ``From:`` author header is dropped from the file, and there is no
 ``Signed-off-by:``. The DCO is certified by whoever submits: they apply a patch
 as their own commit and sign it off (upstream/README.md says how). The commit
-message carries the ``Co-authored-by:`` trailer vLLM's contributing guide asks
-for when an AI tool helped.
-
-0001's edit is the hand-written one kept in its patch (its ``vllm/`` hunks).
-0002 and 0003 are mechanical: in the functions named, ``assert cond, msg``
-becomes ``if <cond negated as a person writes it>: raise <exception>(msg)``
-(same message, the condition evaluated once, ``if a: assert b`` joined into
-one ``if``), 0003 leaving type-narrowing asserts (``isinstance(...)``,
-``x is not None``, with no message) as they are; then ``ruff format --line-length 88`` (vLLM's
-setting; these files are ruff-formatted as released). ``--check`` rebuilds into
-a scratch directory and fails when a committed patch differs.
+message discloses AI assistance with a ``Co-authored-by:`` trailer in git's
+``Name <email>`` form.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -36,9 +49,18 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RUFF = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+REPO = HERE.parent
+RUFF = (str(Path(sys.executable).parent / "ruff") if (Path(sys.executable).parent / "ruff").exists()
+        else shutil.which("ruff") or "ruff")  # the tools venv's: its version is locked
 PLACEHOLDER = ("unsigned", "unsigned@invalid")  # dropped from the patch file
-TRAILER = "Co-authored-by: Claude"  # vLLM's contributing guide, "AI Assisted Contributions"
+# vLLM's contributing guide, "AI Assisted Contributions": a Co-authored-by: trailer
+TRAILER = "Co-authored-by: Claude <noreply@anthropic.com>"
+RELEASE = "vLLM 0.33.0 as released"
+GIT_ENV = {"GIT_COMMITTER_DATE": "2026-12-02T12:00:00+0000",
+           "GIT_AUTHOR_DATE": "2026-12-02T12:00:00+0000", "PATH": "/usr/bin:/bin",
+           "GIT_AUTHOR_NAME": PLACEHOLDER[0], "GIT_AUTHOR_EMAIL": PLACEHOLDER[1],
+           "GIT_COMMITTER_NAME": PLACEHOLDER[0], "GIT_COMMITTER_EMAIL": PLACEHOLDER[1],
+           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
 
 INVERSE = {ast.Is: "is not", ast.IsNot: "is", ast.In: "not in", ast.NotIn: "in",
            ast.Eq: "!=", ast.NotEq: "==", ast.Lt: ">=", ast.LtE: ">", ast.Gt: "<=",
@@ -87,16 +109,15 @@ def is_type_narrowing(node: ast.Assert) -> bool:
 
 
 def mechanical(source: str, functions: list[str], exception: str = "AssertionError",
-               keep_type_narrowing: bool = False, comment: str = "") -> str:
+               keep_type_narrowing: bool = False) -> str:
     """``source`` with every assert in the named ``Class.method``/``function``
-    defs written as an explicit raise of ``exception`` (``comment``, if given,
-    as a line above each). An assert that is the
+    defs written as an explicit raise of ``exception``. An assert that is the
     whole body of an ``if`` (no ``else``) joins that ``if``'s condition: ``if a:
     assert b`` becomes ``if a and <not b>: raise`` (the same evaluation; what
     ruff's SIM102 asks for)."""
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
-    targets = []
+    targets, found = [], set()
 
     def visit(body, prefix):
         for node in body:
@@ -104,9 +125,12 @@ def mechanical(source: str, functions: list[str], exception: str = "AssertionErr
                 visit(node.body, f"{prefix}{node.name}.")
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if prefix + node.name in functions:
+                    found.add(prefix + node.name)
                     targets.extend(node for node in ast.walk(node))
 
     visit(tree.body, "")
+    if found != set(functions):
+        raise SystemExit(f"not found: {sorted(set(functions) - found)}")
     parents = {id(child): node for node in targets for child in ast.iter_child_nodes(node)}
     asserts = [n for n in targets if isinstance(n, ast.Assert)
                and not (keep_type_narrowing and is_type_narrowing(n))]
@@ -124,30 +148,113 @@ def mechanical(source: str, functions: list[str], exception: str = "AssertionErr
             first = parent
         indent = lines[first.lineno - 1][: first.col_offset]
         message = ast.get_source_segment(source, node.msg) if node.msg is not None else ""
-        new = f"{indent}# {comment}\n" if comment else ""
-        new += f"{indent}if ({condition}):\n{indent}    raise {exception}({message})\n"
+        new = f"{indent}if ({condition}):\n{indent}    raise {exception}({message})\n"
         lines[first.lineno - 1:node.end_lineno] = [new]
     return "".join(lines)
 
 
+# -- the test edits --------------------------------------------------------------
+
+DIRECTIVE = re.compile(r"^# >>> (after def|after line|replace line) (.+)$")
+
+
+def test_edits(rel: str) -> list:
+    """[(kind, anchor, lines)] of upstream/tests/<rel>: after its header (comment
+    lines), each ``# >>> KIND ANCHOR`` line starts an edit whose text runs to the
+    next one (blank lines at its ends dropped)."""
+    edits, current = [], None
+    for line in (HERE / rel).read_text().splitlines():
+        found = DIRECTIVE.match(line)
+        if found:
+            current = (found[1], found[2], [])
+            edits.append(current)
+        elif current is not None:
+            current[2].append(line)
+        elif line.strip() and not line.startswith("#"):
+            raise SystemExit(f"{rel}: text before the first '# >>>' edit: {line!r}")
+    for _kind, _anchor, lines in edits:
+        while lines and not lines[0].strip():
+            lines.pop(0)
+        while lines and not lines[-1].strip():
+            lines.pop()
+    if not edits:
+        raise SystemExit(f"{rel}: no edit")
+    return edits
+
+
+def edit_test_file(text: str, rel: str) -> str:
+    """vLLM's test file ``text`` with upstream/tests/<rel>'s edits made. An
+    anchor must be found exactly once: ``after def NAME`` (a top-level def or
+    class; the edit follows its last line, two blank lines between),
+    ``after line LINE`` / ``replace line LINE`` (LINE: the whole line, indent
+    included)."""
+    lines = text.splitlines()
+    for kind, anchor, new in test_edits(rel):
+        if kind == "after def":
+            defs = [node for node in ast.parse("\n".join(lines)).body
+                    if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == anchor]
+            if len(defs) != 1:
+                raise SystemExit(f"{rel}: {len(defs)} top-level defs named {anchor}")
+            at = defs[0].end_lineno
+            lines[at:at] = ["", "", *new]
+            continue
+        where = [i for i, line in enumerate(lines) if line == anchor]
+        if len(where) != 1:
+            raise SystemExit(f"{rel}: the line {anchor!r} is there {len(where)} times")
+        at = where[0]
+        lines[at:at + 1] = [*([lines[at]] if kind == "after line" else []), *new]
+    return "\n".join(lines) + "\n"
+
+
+# -- the patches -------------------------------------------------------------------
+
 PATCHES = [
     {
-        "name": "0002-parallel-state-inner-dp-getter-explicit-check",
-        "subject": "[Bugfix][Distributed] Raise AssertionError explicitly in "
-                   "get_inner_dp_world_group",
+        "name": "0001-kv-cache-spec-merge-explicit-checks",
+        "subject": "[Bugfix][Core] Raise AssertionError explicitly in KV cache spec merges",
         "body": (
-            "CPU KV offload's _all_workers_barrier (vllm/v1/kv_offload/cpu/spec.py)\n"
-            "falls back to the world group when get_inner_dp_world_group() raises\n"
-            "AssertionError, i.e. when no DP replica spans nodes. The getter guards\n"
-            "with an assert statement, which python -O strips: it then returns None\n"
-            "and creating the offloading worker fails with AttributeError:\n"
-            "'NoneType' object has no attribute 'barrier'.\n\n"
+            "Follow-up to #55234 for #54649. The merges of FullAttentionSpec,\n"
+            "MLAAttentionSpec, RSWASpec, SlidingWindowMLASpec and\n"
+            "SinkFullAttentionSpec still guard their inputs with assert statements,\n"
+            "which python -O strips. The planner reads the AssertionError of a merge\n"
+            "as \"these layers cannot share a KV cache group\"\n"
+            "(is_kv_cache_spec_uniform, _get_kv_cache_groups_uniform_page_size), so\n"
+            "under python -O it merges MLA specs with different cache_dtype_str (the\n"
+            "value kept comes from set.pop() and changes with PYTHONHASHSEED), and\n"
+            "fails with AttributeError: 'MambaSpec' object has no attribute\n"
+            "'cache_dtype_str' when MLA layers come before a Mamba layer.\n\n"
+            "Raise the same AssertionError explicitly, as KVCacheSpec.merge does\n"
+            "since #55234, in the merges and in the two checks that guard a pick\n"
+            "from a set (UniformTypeKVCacheSpecs.max_num_blocks_per_req,\n"
+            "get_uniform_page_size). Behaviour without python -O is unchanged."
+        ),
+        "vllm": {"vllm/v1/kv_cache_interface.py": "hand-written",
+                 "vllm/v1/core/kv_cache_planning.py": "hand-written"},
+        "tests": ["tests/v1/core/test_kv_cache_planning.py"],
+    },
+    {
+        "name": "0002-parallel-state-inner-dp-getter-explicit-check",  # the shim cites this name
+        "subject": "[Bugfix][Distributed] Raise AssertionError explicitly in "
+                   "parallel group getters",
+        "body": (
+            "Callers catch the AssertionError that get_world_group,\n"
+            "get_inner_dp_world_group, get_tp_group, get_pp_group, get_dcp_group\n"
+            "and get_pcp_group raise while their group is not initialized, and\n"
+            "fall back: CPU KV offload's _all_workers_barrier to the world group\n"
+            "(no inner-DP group unless a DP replica spans nodes), the Mooncake EC\n"
+            "connector worker, BlockTable, the attention implementations, the MLA\n"
+            "metadata builders and the InstantTensor loader to a single rank. The\n"
+            "getters raise it with an assert statement, which python -O strips:\n"
+            "they return None and the callers fail with AttributeError, e.g.\n"
+            "'NoneType' object has no attribute 'barrier' in _all_workers_barrier.\n\n"
             "Raise the AssertionError explicitly, as KVCacheSpec.merge does since\n"
             "#55234. Behaviour without python -O is unchanged."
         ),
-        "edits": {"vllm/distributed/parallel_state.py": ["get_inner_dp_world_group"]},
-        "exception": "AssertionError",
-        "tests": ["tests/distributed/test_parallel_state.py"],
+        "vllm": {"vllm/distributed/parallel_state.py": {
+            "functions": ["get_world_group", "get_inner_dp_world_group", "get_tp_group",
+                          "get_pp_group", "get_dcp_group", "get_pcp_group"],
+            "exception": "AssertionError"}},
+        "tests": ["tests/v1/kv_offload/test_factory.py"],
     },
     {
         "name": "0003-vllm-config-explicit-checks",
@@ -168,132 +275,67 @@ PATCHES = [
             "no longer start; python refuses them with ValueError (was\n"
             "AssertionError)."
         ),
-        "edits": {"vllm/config/vllm.py": ["VllmConfig.__post_init__",
-                                          "VllmConfig._set_cudagraph_sizes",
-                                          "VllmConfig._set_compile_ranges",
-                                          "VllmConfig.validate_block_size"]},
-        "exception": "ValueError",
-        "keep_type_narrowing": True,
-        "tests": ["tests/config/test_vllm_config.py"],
+        "vllm": {"vllm/config/vllm.py": {
+            "functions": ["VllmConfig.__post_init__", "VllmConfig._set_cudagraph_sizes",
+                          "VllmConfig._set_compile_ranges", "VllmConfig.validate_block_size"],
+            "exception": "ValueError", "keep_type_narrowing": True}},
+        "tests": ["tests/test_config.py"],
     },
 ]
 
-FIRST = {
-    "name": "0001-kv-cache-spec-merge-explicit-checks",
-    "subject": "[Bugfix][Core] Raise AssertionError explicitly in KV cache spec merges",
-    "body": (
-        "Follow-up to #55234 for #54649. The merges of FullAttentionSpec,\n"
-        "MLAAttentionSpec, RSWASpec, SlidingWindowMLASpec and\n"
-        "SinkFullAttentionSpec still guard their inputs with assert statements,\n"
-        "which python -O strips. The planner reads the AssertionError of a merge\n"
-        "as \"these layers cannot share a KV cache group\"\n"
-        "(is_kv_cache_spec_uniform, _get_kv_cache_groups_uniform_page_size), so\n"
-        "under python -O it merges MLA specs with different cache_dtype_str (the\n"
-        "value kept comes from set.pop() and changes with PYTHONHASHSEED), and\n"
-        "fails with AttributeError: 'MambaSpec' object has no attribute\n"
-        "'cache_dtype_str' when MLA layers come before a Mamba layer.\n\n"
-        "Raise the same AssertionError explicitly, as KVCacheSpec.merge does\n"
-        "since #55234, in the merges and in the two checks that guard a pick\n"
-        "from a set (UniformTypeKVCacheSpecs.max_num_blocks_per_req,\n"
-        "get_uniform_page_size). Behaviour without python -O is unchanged."
-    ),
-    "files": ["vllm/v1/kv_cache_interface.py", "vllm/v1/core/kv_cache_planning.py"],
-    "tests": ["tests/v1/core/test_kv_cache_utils.py"],
-}
+
+def sdist_tree() -> Path:
+    """The unpacked 0.33.0 sdist (scripts/get-sdist: fetched by its pinned hash, cached)."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "get-sdist"), "0.33.0"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"scripts/get-sdist 0.33.0 failed:\n{proc.stderr}")
+    return Path(proc.stdout.strip().splitlines()[-1])
 
 
-# The regression tests go into the files where vLLM keeps their kind of test.
-# Those files are not in the wheel, and this project keeps no copy of them: it
-# records only the lines its hunks touch or show as context, read from
-# vllm-project/vllm at the commit named (the newest the index read here held),
-# and where they are. ``lines``: the file's length there; None where it was not
-# known here (a 4,000-line file): that hunk is anchored at the file's end by its
-# context alone, and ``git am`` reports an offset. ``imports``: (the line the
-# added imports follow, 0 for the top; the lines before and after it).
-# upstream/tests/<path> holds what is added, in sections (see its header).
-TEST_BASES = {
-    "tests/v1/core/test_kv_cache_utils.py": {
-        "commit": "002f10e0cfa1373a19a0d2756598a34b700d20e5", "lines": None, "imports": None,
-        "tail": ["    )", "", "    assert not any(g.is_eagle_group for g in groups)"],
-    },
-    "tests/distributed/test_parallel_state.py": {
-        "commit": "22de8ae2b9122021dbe88723653a87c4fd566fc9", "lines": 49,
-        "imports": (0, [], ["from typing import Any, Dict", "", "import torch"]),
-        "tail": ["        },", '        "key8": "value5"', "    }"],
-    },
-    "tests/config/test_vllm_config.py": {
-        "commit": "f8e48ffde070c138e80dc92497fb8cb26823711b", "lines": 19,
-        "imports": (5, ["", "from pathlib import Path", ""],
-                    ["from vllm.config.vllm import _normalize_debug_dump_path", "", ""]),
-        "tail": ['    path = _normalize_debug_dump_path("vllm-debug")', "",
-                 '    assert path == Path("vllm-debug").absolute()'],
-    },
-}
-SECTIONS = ("# >>> the file's own imports", "# >>> added to the imports", "# >>> appended at the end")
-FILLER = "# (a line of vLLM's file that this project does not hold)"
+def git(repo, *args, input=None, env=None):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True, input=input, env={**GIT_ENV, **(env or {})}).stdout
 
 
-def sections(rel: str) -> tuple:
-    """(the file's own imports, added imports, appended lines) of
-    upstream/tests/<rel>, each a list of lines without blank lines at its ends."""
-    lines = (HERE / rel).read_text().splitlines()
-    marks = [lines.index(mark) for mark in SECTIONS]
-    parts = [lines[a + 1:b] for a, b in zip(marks, [*marks[1:], len(lines)])]
-
-    def trim(part):
-        while part and not part[0].strip():
-            part = part[1:]
-        while part and not part[-1].strip():
-            part = part[:-1]
-        return part
-    return tuple(trim(part) for part in parts)
+def release_repo(tree: Path, repo: Path) -> str:
+    """A git repository at ``repo`` whose one commit is ``tree`` whole (its own
+    ``.gitignore`` honoured; get-sdist's marker left out), checked out there:
+    the commit's id."""
+    shutil.copytree(tree, repo, ignore=shutil.ignore_patterns(".unpacked", "__pycache__"),
+                    symlinks=True)
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", RELEASE)
+    return git(repo, "rev-parse", "HEAD").strip()
 
 
-def stand_in(rel: str) -> str:
-    """vLLM's test file as far as this project knows it: the recorded lines at
-    their places, ``FILLER`` elsewhere (never within a hunk's context)."""
-    base = TEST_BASES[rel]
-    tail = base["tail"]
-    n = base["lines"] or len(tail) + 1  # unknown length: one filler line, then the tail
-    text = [FILLER] * n
-    text[n - len(tail):] = tail
-    if base["imports"]:
-        at, before, after = base["imports"]
-        text[at - len(before):at + len(after)] = [*before, *after]
-    return "\n".join(text) + "\n"
+def vllm_part(patch_text: str) -> str:
+    """A patch's hunks for files under vllm/ (its diff headers included)."""
+    parts = re.split(r"(?m)^(?=diff --git )", patch_text)
+    return "".join(p for p in parts if p.startswith("diff --git a/vllm/"))
 
 
-def with_tests(rel: str, text: str) -> str:
-    """``text`` (vLLM's file) with the imports added and the tests appended."""
-    _own, added, appended = sections(rel)
-    lines = text.splitlines()
-    base = TEST_BASES[rel]
-    if added:
-        if not base["imports"]:
-            raise SystemExit(f"{rel}: imports added, but where is not recorded")
-        at = base["imports"][0]
-        lines[at:at] = added
-    return "\n".join([*lines, "", "", *appended]) + "\n"
-
-
-def runnable(rel: str) -> str:
-    """The added tests as a file of their own: what the overlay puts at ``rel``
-    (the rest of vLLM's file is not here)."""
-    return (HERE / rel).read_text()
-
-
-def without_stand_in_index(text: str, tests) -> str:
-    """No ``index`` line for the test files changed: its hashes would be the
-    stand-in's, not vLLM's (``git am`` needs none without --3way)."""
-    for rel in tests:
-        text = re.sub(rf"(^diff --git a/{re.escape(rel)} b/{re.escape(rel)}\n)index [0-9a-f.]+ \d+\n",
-                      r"\1", text, flags=re.M)
-    return text
-
-
-def _git(repo, *args, **kwargs):
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True,
-                          **kwargs).stdout
+def edit(spec, repo: Path, hand_written: Path) -> None:
+    """Make ``spec``'s edits in ``repo``'s work tree, then ruff-format what changed."""
+    mechanical_files = {rel: how for rel, how in spec["vllm"].items() if how != "hand-written"}
+    hand = [rel for rel, how in spec["vllm"].items() if how == "hand-written"]
+    if hand:
+        diff = vllm_part(hand_written.read_text())
+        touched = re.findall(r"^diff --git a/(\S+) ", diff, re.M)
+        if sorted(touched) != sorted(hand):
+            raise SystemExit(f"{hand_written.name}: its vllm/ hunks touch {touched}, not {hand}")
+        subprocess.run(["patch", "-p1", "--quiet", "--fuzz=0", "--no-backup-if-mismatch"],
+                       input=diff, text=True, check=True, cwd=repo)
+    for rel, how in mechanical_files.items():
+        path = repo / rel
+        path.write_text(mechanical(path.read_text(), how["functions"], how["exception"],
+                                   how.get("keep_type_narrowing", False)))
+    for rel in spec["tests"]:
+        path = repo / rel
+        path.write_text(edit_test_file(path.read_text(), rel))
+    changed = [*spec["vllm"], *spec["tests"]]
+    subprocess.run([RUFF, "format", "--quiet", *changed], check=True, cwd=repo)
 
 
 def without_author(text: str) -> str:
@@ -304,79 +346,32 @@ def without_author(text: str) -> str:
     return head + sep + rest
 
 
-def build(spec, tree: Path, out: Path, edit) -> Path:
-    with tempfile.TemporaryDirectory() as scratch:
-        repo = Path(scratch)
-        env = {"GIT_COMMITTER_DATE": "2026-12-02T12:00:00+0000",
-               "GIT_AUTHOR_DATE": "2026-12-02T12:00:00+0000", "PATH": "/usr/bin:/bin",
-               "GIT_AUTHOR_NAME": PLACEHOLDER[0], "GIT_AUTHOR_EMAIL": PLACEHOLDER[1],
-               "GIT_COMMITTER_NAME": PLACEHOLDER[0], "GIT_COMMITTER_EMAIL": PLACEHOLDER[1],
-               "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
-        _git(repo, "init", "-q", env=env)
-        for rel in edit:  # the released files
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(tree / rel, repo / rel)
-        for rel in spec["tests"]:  # vLLM's test file (its stand-in)
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            (repo / rel).write_text(stand_in(rel))
-        _git(repo, "add", "-A", env=env)
-        _git(repo, "commit", "-q", "-m", "vLLM 0.33.0 as released", env=env)
-        for rel, change in edit.items():
-            change(repo / rel)
-        for rel in spec["tests"]:
-            (repo / rel).write_text(with_tests(rel, stand_in(rel)))
-        _git(repo, "add", "-A", env=env)
-        # ";" as the comment character: body lines like "#55234 ..." are text
-        _git(repo, "-c", "core.commentChar=;", "commit", "-q",
-             "-m", f"{spec['subject']}\n\n{spec['body']}\n\n{TRAILER}", env=env)
-        target = out / f"{spec['name']}.patch"
-        text = _git(repo, "format-patch", "-1", "--stdout", "--no-signature", "HEAD", env=env)
-        target.write_text(without_stand_in_index(without_author(text), spec["tests"]))
+def build(spec, repo: Path, base: str, out: Path) -> Path:
+    """``spec``'s commit on ``base`` in ``repo``; its format-patch in ``out``."""
+    git(repo, "checkout", "-q", "--detach", base)
+    edit(spec, repo, HERE / f"{spec['name']}.patch")
+    git(repo, "add", "-A")
+    # ";" as the comment character: body lines like "#55234 ..." are text
+    git(repo, "-c", "core.commentChar=;", "commit", "-q",
+        "-m", f"{spec['subject']}\n\n{spec['body']}\n\n{TRAILER}")
+    text = git(repo, "format-patch", "-1", "--stdout", "--no-signature", "HEAD")
+    target = out / f"{spec['name']}.patch"
+    target.write_text(without_author(text))
     return target
-
-
-def _mechanical_edit(functions, exception, keep_type_narrowing, comment):
-    def change(path: Path):
-        path.write_text(mechanical(path.read_text(), functions, exception, keep_type_narrowing,
-                                   comment))
-        subprocess.run([RUFF, "format", "--line-length", "88", "--quiet", str(path)], check=True)
-
-    return change
-
-
-def _hand_written(repo_root_of):
-    """0001's hand-written edit: the committed patch's hunks for ``vllm/`` files."""
-    def change(path: Path):
-        committed = (HERE / f"{FIRST['name']}.patch").read_text()
-        rel = path.relative_to(repo_root_of(path)).as_posix()
-        start = committed.index(f"diff --git a/{rel} ")
-        end = committed.find("\ndiff --git ", start + 1)
-        diff = committed[start:] if end < 0 else committed[start:end + 1]
-        subprocess.run(["patch", "-p1", "--quiet", "--fuzz=0"], input=diff, text=True,
-                       check=True, cwd=repo_root_of(path))
-
-    return change
-
-
-def _root_of(rel: str):
-    return lambda path: path.parents[len(Path(rel).parts) - 1]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("tree", type=Path, help="directory holding vLLM 0.33.0's vllm/")
+    parser.add_argument("tree", type=Path, nargs="?",
+                        help="the unpacked vLLM 0.33.0 sdist (default: scripts/get-sdist 0.33.0)")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
+    tree = args.tree or sdist_tree()
     with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) if args.check else HERE
-        built = [build(FIRST, args.tree, out,
-                       {rel: _hand_written(_root_of(rel)) for rel in FIRST["files"]})]
-        for spec in PATCHES:
-            edit = {rel: _mechanical_edit(funcs, spec["exception"],
-                                          spec.get("keep_type_narrowing", False),
-                                          spec.get("comment", ""))
-                    for rel, funcs in spec["edits"].items()}
-            built.append(build(spec, args.tree, out, edit))
+        repo, out = Path(scratch) / "vllm", Path(scratch) / "out"
+        out.mkdir()
+        base = release_repo(tree, repo)
+        built = [build(spec, repo, base, out if args.check else HERE) for spec in PATCHES]
         stale = [p.name for p in built if p.read_text() != (HERE / p.name).read_text()]
     if args.check and stale:
         print(f"stale: {stale}", file=sys.stderr)
@@ -386,4 +381,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    os.umask(0o022)
     sys.exit(main())

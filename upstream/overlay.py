@@ -1,21 +1,17 @@
 """Run an installed vLLM with an upstream patch applied, without touching the venv.
 
-``make_overlay(site_packages, patch_file, dest)`` builds ``dest``, a directory
-laid out like vLLM's repository for what the patch touches: ``dest/vllm`` is a
-tree of real directories whose files are symlinks to the installed package
-(like ``cp -rs``), except the files the patch changes: each symlink is replaced
-by a real copy first, then ``patch -p1`` runs in ``dest`` on the patch's
-``vllm/`` part. The test files the patch adds to (vLLM's own test files, which
-neither the wheel nor this project holds) are written from upstream/tests/: the
-added tests, with the imports they use, as a file of their own. Put ``dest`` FIRST
-on ``sys.path``/``PYTHONPATH``, or run ``python -m pytest tests/...`` from
-``dest`` (as in vLLM's repository). The installed files are hashed before and
-after; any change to them, a patch that does not apply cleanly (no fuzz), a
-patch that changes a file outside ``vllm/`` and ``tests/`` raises
-``OverlayError``. ``importlib.metadata.version("vllm")`` still answers
-from the venv's dist-info. ``make_tree(site_packages, dest, files)`` builds the
-same layout with vLLM as released (no patch) and the given test files: the
-run that shows a regression test failing without its fix.
+``make_overlay(site_packages, patch_file, dest)`` builds ``dest/vllm``, a tree
+of real directories whose files are symlinks to the installed package (like
+``cp -rs``), except the files the patch changes: each symlink is replaced by a
+real copy first, then ``patch -p1`` runs in ``dest`` on the patch's ``vllm/``
+part. The patch's ``tests/`` part is not applied here: the tests are vLLM's own
+files, from its release sdist (tests/real/test_upstream_pr.py lays them beside
+the overlay, so ``python -m pytest tests/...`` run from ``dest`` imports the
+patched ``vllm``, as in vLLM's repository). Put ``dest`` FIRST on
+``sys.path``/``PYTHONPATH``. The installed files are hashed before and after;
+any change to them, a patch that does not apply cleanly (no fuzz), a patch that
+changes a file outside ``vllm/`` and ``tests/`` raises ``OverlayError``.
+``importlib.metadata.version("vllm")`` still answers from the venv's dist-info.
 
 The compiled bytecode of the installed package is linked too (Python checks a
 ``.pyc`` against its source's mtime and size, which a symlink reports from the
@@ -106,7 +102,7 @@ def patch_paths(patch_file: Path) -> list[str]:
 
 
 def added_paths(patch_file: Path) -> list[str]:
-    """Paths of the test files the patch adds to or creates under tests/."""
+    """Paths of the test files the patch changes (or creates) under tests/."""
     return _classify(patch_file)[1]
 
 
@@ -114,13 +110,6 @@ def package_part(text: str) -> str:
     """The patch less its ``tests/`` files: what ``patch`` applies to the package."""
     parts = re.split(r"(?m)^(?=diff --git )", text)
     return "".join(p for p in parts if not p.startswith("diff --git a/tests/"))
-
-
-def test_files(patch_file: Path) -> dict:
-    """{path under tests/: text} of what the overlay holds for each test file the
-    patch touches: the tests it adds, from upstream/tests/ (a file of their own;
-    the rest of vLLM's file is not in the wheel, nor here)."""
-    return {rel: (HERE / rel).read_text() for rel in added_paths(patch_file)}
 
 
 def sha256(path: Path) -> str:
@@ -221,9 +210,6 @@ def make_overlay(site_packages: Path, patch_file: Path, dest: Path) -> Path:
         _run_patch(package_patch, dest, dry_run=True)
         log = _run_patch(package_patch, dest, dry_run=False)
         package_patch.unlink()
-        for rel, text in test_files(patch_file).items():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            (dest / rel).write_text(text)
 
         after = {rel: sha256(path) for rel, path in originals.items()}
         changed = sorted(rel for rel in touched if after[rel] != before[rel])
@@ -236,9 +222,6 @@ def make_overlay(site_packages: Path, patch_file: Path, dest: Path) -> Path:
         unchanged = sorted(rel for rel in touched if patched[rel] == before[rel])
         if unchanged:
             raise OverlayError(f"the patch left {unchanged} unchanged")
-        missing = [rel for rel in added_paths(patch_file) if not (dest / rel).is_file()]
-        if missing:
-            raise OverlayError(f"the patch did not create {missing}")
         manifest = {
             "site_packages": str(site_packages),
             "patch": str(patch_file),
@@ -248,34 +231,12 @@ def make_overlay(site_packages: Path, patch_file: Path, dest: Path) -> Path:
                 rel: {"original_sha256": before[rel], "patched_sha256": patched[rel]}
                 for rel in touched
             },
-            "added": added_paths(patch_file),
             "patch_output": log.strip().splitlines(),
         }
         (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     except BaseException:
         shutil.rmtree(dest / PACKAGE, ignore_errors=True)  # unlinks links, never targets
-        shutil.rmtree(dest / "tests", ignore_errors=True)
         raise
-    return dest
-
-
-def make_tree(site_packages: Path, dest: Path, files: dict) -> Path:
-    """``dest`` laid out like vLLM's repository with vLLM as released: ``vllm``
-    a symlink to the installed package, ``files`` ({path under tests/: text})
-    written as given. Nothing is copied from or written into the venv."""
-    package = Path(site_packages).resolve() / PACKAGE
-    if not (package / "__init__.py").is_file():
-        raise OverlayError(f"{package} is not an installed {PACKAGE} package")
-    dest = Path(dest).absolute()
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise OverlayError(f"{dest} exists and is not an empty directory")
-    dest.mkdir(parents=True, exist_ok=True)
-    os.symlink(package, dest / PACKAGE)
-    for rel, text in files.items():
-        if PurePosixPath(rel).parts[0] != "tests" or ".." in PurePosixPath(rel).parts:
-            raise OverlayError(f"{rel!r} is not under tests/")
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dest / rel).write_text(text)
     return dest
 
 

@@ -28,14 +28,16 @@ READS_CHILDREN = ("test_check", "test_docs", "test_kv_spec_merge", "test_o_parit
 # scripts/test runs the tier in pytest-xdist workers, a test at a time, except
 # these modules: their tests share what one process computes once (a module-scoped
 # fixture or cache: Ray's two-node cluster, the bundles, the pip-installed venv,
-# the audits, the hostile-host tier's two namespaces; the fault tier's drivers,
+# the audits, the hostile-host tier's two namespaces, vLLM's pytest runs in the
+# upstream PRs' release tree; the fault tier's drivers,
 # which test_chain_real and test_fork_real read too), so each group runs whole on
 # one worker. (xdist's own loadgroup cannot do this here: it renames
 # item._nodeid, which pytest 9 no longer reads.)
 GROUPS = {"test_fault_tier": "fault tier", "test_chain_real": "fault tier",
           "test_fork_real": "fault tier", "test_ray": "ray", "test_bundle": "bundle",
           "test_fleet": "fleet", "test_plugin": "plugin", "test_audit": "audit",
-          "test_fourth_patch": "fourth patch", "test_hostile": "hostile host"}
+          "test_fourth_patch": "fourth patch", "test_hostile": "hostile host",
+          "test_upstream_pr": "upstream PRs"}
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -110,7 +112,7 @@ def pytest_collection_modifyitems(config, items):
 # Every process this worker starts on a vLLM venv's interpreter (a harness child, a
 # fault-tier driver, an own-process test, a status or check command) is counted at
 # its start: the suite's cost is counted in processes that import vLLM (issue 30).
-VLLM_PYTHON = re.compile(r"/(vllm|ray)-\d+\.\d+\.\d+-py3\.\d+/bin/python[0-9.]*$")
+VLLM_PYTHON = re.compile(r"/(vllm|ray|suite)-\d+\.\d+\.\d+-py3\.\d+/bin/python[0-9.]*$")
 STARTED = {"on a vLLM venv": 0}
 _popen_init = subprocess.Popen.__init__
 

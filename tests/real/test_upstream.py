@@ -1,5 +1,5 @@
-"""The upstream fixes (upstream/000*.patch: the spec merges, the inner-DP group
-getter, VllmConfig's checks) on the real vLLM 0.33.0, and the shim stepping
+"""The upstream fixes (upstream/000*.patch: the spec merges, the parallel group
+getters, VllmConfig's checks) on the real vLLM 0.33.0, and the shim stepping
 aside by itself once they land.
 
 - The patches are applied to a copy of 0.33.0's files (upstream/overlay.py: a
@@ -36,7 +36,9 @@ LEVEL = {"O": 1, "OO": 2}
 CHECKED = {
     "vllm/v1/kv_cache_interface.py": ({"merge", "max_num_blocks_per_req"}, False),
     "vllm/v1/core/kv_cache_planning.py": ({"get_uniform_page_size"}, False),
-    "vllm/distributed/parallel_state.py": ({"get_inner_dp_world_group"}, False),
+    "vllm/distributed/parallel_state.py": ({"get_world_group", "get_inner_dp_world_group",
+                                            "get_tp_group", "get_pp_group", "get_dcp_group",
+                                            "get_pcp_group"}, False),
     "vllm/config/vllm.py": ({"__post_init__", "_set_cudagraph_sizes", "_set_compile_ranges",
                              "validate_block_size"}, True),
 }

@@ -1,31 +1,40 @@
-"""upstream/ is ready to send: each patch, its regression test and its PR text.
+"""upstream/ is ready to send, built and tested in vLLM 0.33.0's own tree.
 
-- Each patch is a ``git format-patch`` with a ``[Bugfix][Scope]`` subject, that
+The release tree is vLLM 0.33.0's sdist (``scripts/get-sdist 0.33.0``: its
+``vllm/`` and whole ``tests/``), committed whole to a scratch git repository
+(upstream/make_patches.py's ``release_repo``).
+
+- Each patch applies whole to that tree (``git apply --check``), and it is what
+  upstream/make_patches.py builds there (nothing edited by hand since). The
+  patches change disjoint files, so the tree with all three applied is, file by
+  file, the tree with each one.
+- Its ``tests/`` part edits vLLM's own test files (no new file), in the file
+  where 0.33.0 already keeps that kind of test (``HOME``); the tests it adds or
+  changes are exactly those its PR's Test Plan names; they are small beside the
+  change; the patched files pass vLLM's ruff (its ``pyproject.toml``); and no
+  test of the tree still pins the exception a patch replaces.
+- Those tests run in place, in vLLM's real test files, against the 0.33.0 wheel
+  (the ``suite-0.33.0-py3.11`` venv: the 0.33.0 venv plus tblib, which vLLM's
+  ``tests/conftest.py`` imports): one pytest run over the three files whole,
+  selecting the patches' tests, per tree state: the release's ``vllm/``
+  (every selected test fails) and the patched one (upstream/overlay.py: every
+  selected test passes). Each file's whole collection succeeds in both. 0003's
+  tests run vLLM's checks in the test process, so its file runs again in both
+  states under ``python -O -m pytest`` (pytest rewrites the tests' asserts: they
+  still check). The counts and the reasons each Test Result gives are those
+  runs'.
+- Each patch is a ``git format-patch`` with a ``[Bugfix][Scope]`` subject that
   names nobody (no ``From:`` author header, no ``Signed-off-by:``: the
-  submitter certifies the DCO) and discloses AI assistance with the trailer
-  vLLM's contributing guide asks for; it is what upstream/make_patches.py
-  builds from vLLM 0.33.0's files and upstream/tests/ (nothing edited by hand
-  since).
-- Each PR text is vLLM's template whole (``## Purpose``, ``## Test Plan``,
-  ``## Test Result``, the checklist block, the closing line; no H1 copy of the
-  title), in the first person: what only the submitter can do or know sits in
-  ``<!-- SUBMITTER: ... -->`` blanks, and no other sentence speaks of the
-  submitter. It names its base and the re-runs (in a blank), discloses AI
-  assistance, writes ``python -O`` (a bare ``-O`` is vLLM's compilation level),
-  and every path it cites exists in the patched vLLM tree: the installed 0.33.0
-  package plus the test files the patch adds to. It cites nothing of this
-  project.
-- Every sentence of a PR text that says "measured" is in ``MEASURED`` with the
-  tests of this project that make that measurement, and each of those tests
-  exists: a PR text cannot claim a measurement no test here makes.
-- Each regression test is added to the file where vLLM keeps its kind of test
-  (upstream/make_patches.py's ``TEST_BASES``), holds only cases that fail
-  without its fix, and has at most twice the patch's ``vllm/`` lines (40 where
-  the change is a few lines).
-- Each regression test, run with the PR's Test Plan command from a tree laid
-  out as vLLM's repository (upstream/overlay.py), passes with its fix and fails
-  without it, on the released wheel, with the counts its Test Result gives: one
-  pytest run per patch with its fix, one run of all three on the release.
+  submitter certifies the DCO) and discloses AI assistance with a
+  ``Co-authored-by:`` trailer in git's ``Name <email>`` form; upstream/README.md's
+  command makes it the submitter's signed-off commit on the release tree.
+- Each PR text is vLLM's template whole (no H1 copy of the title), in the
+  first person: what only the submitter can do or know is a visible
+  ``**[SUBMITTER: ...]**`` placeholder (an HTML comment renders as nothing once
+  posted), and no other sentence speaks of the submitter. It writes
+  ``python -O`` (a bare ``-O`` is vLLM's compilation level), cites only paths
+  of the patched tree and nothing of this project, and every sentence that
+  says "measured" is registered with the tests here that measure it.
 """
 
 from __future__ import annotations
@@ -33,16 +42,19 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
-import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from harness import upstream_overlay, venv_python, vllm_location
+from harness import REPORT_LINES, vllm_location
 from helpers import REPO, hermetic_env
 
 pytestmark = pytest.mark.releases("0.33.0")
@@ -51,7 +63,16 @@ PATCHES = sorted(UPSTREAM.glob("000*.patch"))
 PR_TEXT = {"0001": UPSTREAM / "PR.md", "0002": UPSTREAM / "PR-0002.md",
            "0003": UPSTREAM / "PR-0003.md"}
 TAGS = {"0001": "[Bugfix][Core] ", "0002": "[Bugfix][Distributed] ", "0003": "[Bugfix][Config] "}
-TRAILER = "Co-authored-by: Claude"  # vLLM's contributing guide, "AI Assisted Contributions"
+# Where 0.33.0 keeps each kind of test: a line the released file already holds
+# that shows it (#55234's python -O child; the CPU offload spec's tests; the
+# VllmConfig checks' tests, validate_block_size's among them)
+HOME = {
+    "tests/v1/core/test_kv_cache_planning.py": '        [sys.executable, "-O", "-c", script],',
+    "tests/v1/kv_offload/test_factory.py":
+        "from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec",
+    "tests/test_config.py": "        VllmConfig.validate_block_size(config)",
+}
+TRAILER = re.compile(r"^Co-authored-by: [^<>\n]+ <[^<>@\s]+@[^<>\s]+>$", re.M)
 TEMPLATE = ("## Purpose", "## Test Plan", "## Test Result")
 # vLLM's .github/PULL_REQUEST_TEMPLATE.md after the three headings: kept whole
 CHECKLIST = (
@@ -71,15 +92,16 @@ CHECKLIST = (
     "**BEFORE SUBMITTING, PLEASE READ <https://docs.vllm.ai/en/latest/contributing>** (anything "
     "written below this line will be removed by GitHub Actions)",
 )
-BLANK = re.compile(r"<!-- SUBMITTER: (.*?)-->", re.S)
+# a placeholder the submitter fills, visible once posted
+BLANK = re.compile(r"\*\*\[SUBMITTER: (.*?)\]\*\*", re.S)
 # Each sentence of a PR text that says "measured" (by a phrase of it) and the
 # tests of this project that make the measurement. Not measured here, so not
-# said to be: 0003's Mamba align and compile-range-0 cases under python -O and
-# 0002's get_forward_context (both read from the code).
+# said to be: 0002's get_forward_context (read from the code). 0003's Test Result
+# gives its python -O -m pytest runs as runs, not as a measurement.
 MEASURED = {
     "0001": {
         "I measured on CPU with the v0.33.0 release under `python -O`: `is_kv_cache_spec_uniform`": [
-            "tests/real/test_upstream_pr.py::test_regression_tests_fail_without_their_fixes",
+            "tests/real/test_upstream_pr.py::test_new_tests_fail_without_the_fix_and_pass_with_it",
             "tests/real/test_upstream_pr.py::test_first_pr_reproducer_prints_its_table",
             "tests/real/test_kv_spec_merge.py::test_without_the_shim_O_reproduces_the_bug"],
         "I measured the kept `cache_dtype_str` changing": [
@@ -89,9 +111,9 @@ MEASURED = {
             "tests/e2e/test_served.py::test_full_first_without_shim_dies_at_engine_start_under_O"],
     },
     "0002": {
-        "I measured on CPU with the v0.33.0 release under `python -O` that the barrier": [
-            "tests/real/test_o_parity.py::test_cpu_offload_barrier_needs_the_getter_to_raise",
-            "tests/real/test_upstream_pr.py::test_regression_tests_fail_without_their_fixes"],
+        "I measured on CPU with the v0.33.0 release under `python -O`": [
+            "tests/real/test_upstream_pr.py::test_new_tests_fail_without_the_fix_and_pass_with_it",
+            "tests/real/test_o_parity.py::test_cpu_offload_barrier_needs_the_getter_to_raise"],
     },
     "0003": {
         "I measured on CPU with the v0.33.0 release under `python -O` that `validate_block_size`": [
@@ -105,6 +127,12 @@ MEASURED = {
 CITED = re.compile(r"(?<![\w/.~-])((?:vllm|tests)/[\w./-]*\w)")
 FOREIGN = ("kimi_hotfix", "kimi-hotfix", "~/.cache", "upstream/", "tests/real", "tests/unit")
 BARE_O = re.compile(r"(?<!python )(?<![\w-])-O(?![\w.])")  # "-O" not written as "python -O"
+GIT_ENV = {"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+COST = {"processes": 0, "cpu": 0.0, "wall": 0.0}  # what this module's vLLM processes cost
+
+
+def number(patch: Path) -> str:
+    return patch.name[:4]
 
 
 def make_patches_module():
@@ -115,23 +143,256 @@ def make_patches_module():
 
 
 def overlay_module():
-    return upstream_overlay("0.33.0")["module"]
+    spec = importlib.util.spec_from_file_location("kimi_overlay_pr", UPSTREAM / "overlay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def number(patch: Path) -> str:
-    return patch.name[:4]
+def git(repo, *args, check=True):
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          env=GIT_ENV, check=check)
 
 
-def subject(patch: Path) -> str:
-    text = patch.read_text()
-    found = re.search(r"^Subject: \[PATCH\] (.*?)\n(?! )", text, re.M | re.S)
-    assert found, patch.name
-    return " ".join(found.group(1).split())
+def suite_python() -> str:
+    """The python of the suite-0.33.0-py3.11 venv (vLLM 0.33.0's wheel, what
+    vLLM's own tests/conftest.py imports), built from its lock if needed."""
+    proc = subprocess.run([str(REPO / "scripts" / "build-venv"), "suite-0.33.0-py3.11"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, f"could not build the suite venv:\n{proc.stderr[-4000:]}"
+    return str(Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "python")
+
+
+def measured_run(cmd, timeout=900, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` of a process that imports vLLM, its CPU (its own and
+    its waited-for children's, from wait4: not the other threads' children)
+    added to COST."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, **kwargs)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            _pid, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        COST["processes"] += 1
+        COST["cpu"] += usage.ru_utime + usage.ru_stime
+        COST["wall"] += time.monotonic() - start
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cost_line():
+    yield
+    if release_tree.cache_info().currsize:  # the scratch trees: about 100 MB
+        shutil.rmtree(release_tree()["root"], ignore_errors=True)
+    if COST["processes"]:
+        REPORT_LINES.append(
+            f"test_upstream_pr: {COST['processes']} processes on vLLM 0.33.0 (vLLM's pytest per "
+            f"tree state, each with the python -O children of 0001's and 0002's tests; PR.md's "
+            f"reproducer), {COST['cpu']:.0f} CPU-s with their children, {COST['wall']:.0f} s wall")
+
+
+# -- the release tree and the two tree states ------------------------------------
+
+
+@functools.cache
+def release_tree() -> dict:
+    """The sdist, its scratch git repository (``release_repo``) and base commit,
+    and a checkout of every patch applied there (``patched``)."""
+    import tempfile
+
+    make = make_patches_module()
+    sdist = make.sdist_tree()
+    root = Path(tempfile.mkdtemp(prefix="kimi-upstream-pr-"))
+    repo = root / "release"
+    base = make.release_repo(sdist, repo)
+    applied = root / "patched"
+    git(repo, "worktree", "add", "-q", "--detach", str(applied), base)
+    for patch in PATCHES:
+        git(applied, "apply", str(patch))
+    return {"sdist": sdist, "repo": repo, "base": base, "patched": applied, "root": root}
+
+
+def touched(patch: Path) -> list:
+    return re.findall(r"^diff --git a/(\S+) b/", patch.read_text(), re.M)
+
+
+def changed_test_files(patch: Path) -> list:
+    return [rel for rel in touched(patch) if rel.startswith("tests/")]
+
+
+@functools.cache
+def run_tree(state: str) -> Path:
+    """vLLM's repository layout for one tree state: ``tests/`` (the sdist's,
+    with every patch's test edits; hard links of the patched checkout's
+    files) and ``pyproject.toml`` (its pytest settings), beside ``vllm``: the
+    wheel's package as released (a symlink) or with every patch's ``vllm/``
+    part (upstream/overlay.py)."""
+    rel_root = release_tree()
+    dest = rel_root["root"] / state
+    site = vllm_location(suite_python())
+    if state == "released":
+        dest.mkdir()
+        os.symlink(site / "vllm", dest / "vllm")
+    else:
+        combined = rel_root["root"] / "all.patch"
+        combined.write_text("".join(p.read_text() for p in PATCHES))
+        overlay_module().make_overlay(site, combined, dest)
+    shutil.copytree(rel_root["patched"] / "tests", dest / "tests", copy_function=os.link)
+    shutil.copy2(rel_root["patched"] / "pyproject.toml", dest / "pyproject.toml")
+    return dest
+
+
+def top_level_defs(text: str) -> dict:
+    """{name: source, decorators included} of a module's top-level defs."""
+    lines = text.splitlines()
+    out = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            out[node.name] = "\n".join(lines[first - 1:node.end_lineno])
+    return out
+
+
+@functools.cache
+def new_tests(patch_name: str) -> frozenset:
+    """(file, test function) the patch adds to or changes in vLLM's files."""
+    rel_root, found = release_tree(), set()
+    for rel in changed_test_files(UPSTREAM / patch_name):
+        before = top_level_defs((rel_root["sdist"] / rel).read_text())
+        after = top_level_defs((rel_root["patched"] / rel).read_text())
+        found |= {(rel, name) for name, text in after.items()
+                  if name.startswith("test") and before.get(name) != text}
+    return frozenset(found)
+
+
+OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (tests/\S+?)::(\S+)", re.M)
+
+
+# The patches whose tests run vLLM's code in the test process (0001's and 0002's
+# start a python -O child of their own): their files also run under python -O -m
+# pytest (pytest rewrites the tests' asserts, so they still check).
+IN_PROCESS = ("0003",)
+
+
+@functools.cache
+def pytest_run(state: str, optimize: bool = False) -> dict:
+    """vLLM's pytest (``python -O -m pytest`` if ``optimize``: IN_PROCESS's
+    files only), in ``run_tree(state)``, over the patches' test files whole,
+    selecting (-k) the tests they add or change: {"outcomes": {(file, node id
+    after the file): outcome}, "stdout", "rc", "collected", "deselected"}."""
+    tree = run_tree(state)
+    patches = [p for p in PATCHES if not optimize or number(p) in IN_PROCESS]
+    files = [rel for patch in patches for rel in changed_test_files(patch)]
+    names = sorted({name for patch in patches for _f, name in new_tests(patch.name)})
+    env = hermetic_env(shim=False, COLUMNS="400")
+    env.pop("VLLM_LOGGING_LEVEL")  # vLLM's default (INFO, to stdout), as in its CI
+    flags = ["-O"] if optimize else []
+    proc = measured_run([suite_python(), *flags, "-m", "pytest", *files, "-k", " or ".join(names),
+                         "-rA", "-vv", "--tb=short", "-p", "no:cacheprovider"], cwd=str(tree),
+                        env=env, timeout=900)
+    # "collecting ... collected N items / D deselected / S selected" (one line when not a tty)
+    collected = re.search(r"collected (\d+) items / (\d+) deselected / (\d+) selected", proc.stdout)
+    assert collected, proc.stdout[-4000:] + proc.stderr[-2000:]
+    outcomes = {(path, node): outcome for outcome, path, node in OUTCOME.findall(proc.stdout)}
+    return {"outcomes": outcomes, "stdout": proc.stdout, "stderr": proc.stderr, "rc": proc.returncode,
+            "collected": int(collected[1]), "deselected": int(collected[2])}
+
+
+# -- the patches and the tree ----------------------------------------------------
 
 
 def test_there_is_one_pr_text_per_patch():
     assert [number(p) for p in PATCHES] == sorted(PR_TEXT)
     assert all(path.is_file() for path in PR_TEXT.values())
+
+
+def test_each_patch_applies_whole_to_the_release_tree(release):
+    rel_root = release_tree()
+    for patch in PATCHES:
+        proc = git(rel_root["repo"], "apply", "--check", "--verbose", str(patch), check=False)
+        assert proc.returncode == 0, (patch.name, proc.stderr)
+        assert all(f"Checking patch {rel}..." in proc.stderr for rel in touched(patch)), proc.stderr
+    files = [rel for patch in PATCHES for rel in touched(patch)]
+    assert len(files) == len(set(files)), "two patches change one file"
+    assert git(rel_root["repo"], "status", "--porcelain").stdout == ""  # --check wrote nothing
+
+
+def test_patches_are_what_make_patches_builds(release):
+    proc = subprocess.run([sys.executable, str(UPSTREAM / "make_patches.py"),
+                           str(release_tree()["sdist"]), "--check"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=number)
+def test_tests_go_where_the_release_keeps_their_kind(patch, release):
+    rel_root = release_tree()
+    text = patch.read_text()
+    for rel in changed_test_files(patch):
+        assert f"--- a/{rel}\n" in text, f"{rel}: a new file, not vLLM's own"
+        assert HOME[rel] in (rel_root["sdist"] / rel).read_text().splitlines(), rel
+    # the Test Plan names exactly the tests the patch adds or changes
+    assert plan_tests(patch) == new_tests(patch.name), plan_tests(patch)
+
+
+def test_patched_files_pass_vllms_ruff(release):
+    """vLLM's pre-commit lints and formats with ruff; its settings are in the
+    tree's pyproject.toml (the tools venv's ruff here, not vLLM's pin)."""
+    ruff = str(Path(sys.executable).parent / "ruff")
+    files = [rel for patch in PATCHES for rel in touched(patch)]
+    tree = release_tree()["patched"]
+    for args in (["check"], ["format", "--check"]):
+        proc = subprocess.run([ruff, *args, *files], cwd=tree, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def raised_messages(text: str, exception: str) -> list:
+    """The constant text of each ``raise exception(...)``'s message in ``text``
+    (the parts of an f-string between its fields)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                and getattr(node.exc.func, "id", None) == exception and node.exc.args):
+            parts = [n.value for n in ast.walk(node.exc.args[0])
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            found.append("".join(parts))
+    return found
+
+
+def pinned_assertions(tests_root: Path, messages: list) -> list:
+    """``file:line`` of each ``pytest.raises(AssertionError, match=PATTERN)``
+    under ``tests_root`` whose PATTERN finds one of ``messages``."""
+    hits = []
+    for path in sorted(tests_root.rglob("*.py")):
+        text = path.read_text(errors="replace")
+        if "raises(AssertionError" not in text:
+            continue
+        for found in re.finditer(r"raises\(\s*AssertionError\s*,\s*match=(r?)([\"'])(.*?)\2", text):
+            if any(re.search(found[3], message) for message in messages):
+                line = text[:found.start()].count("\n") + 1
+                hits.append(f"{path.relative_to(tests_root.parent)}:{line}")
+    return hits
+
+
+def test_no_test_pins_the_exception_a_patch_replaces(release):
+    """0003 turns VllmConfig's asserts into ValueError: a test of the tree that
+    still expects AssertionError with one of their messages would fail with it.
+    On the released tests this finds the one 0003 changes (the check can fail)."""
+    rel_root = release_tree()
+    config = (rel_root["patched"] / "vllm" / "config" / "vllm.py").read_text()
+    released = (rel_root["sdist"] / "vllm" / "config" / "vllm.py").read_text()
+    messages = [m for m in raised_messages(config, "ValueError")
+                if m not in raised_messages(released, "ValueError")]
+    assert len(messages) >= 8, messages  # what 0003 converts
+    assert pinned_assertions(rel_root["sdist"] / "tests", messages) == ["tests/test_config.py:475"]
+    assert pinned_assertions(rel_root["patched"] / "tests", messages) == []
 
 
 def message(patch: Path) -> str:
@@ -140,81 +401,45 @@ def message(patch: Path) -> str:
     return text[:text.index("\n---\n")]
 
 
+def subject(patch: Path) -> str:
+    found = re.search(r"^Subject: \[PATCH\] (.*?)\n(?! )", patch.read_text(), re.M | re.S)
+    assert found, patch.name
+    return " ".join(found.group(1).split())
+
+
 @pytest.mark.parametrize("patch", PATCHES, ids=number)
 def test_patch_names_nobody_and_discloses_ai_assistance(patch, release):
     head = message(patch)
     assert subject(patch).startswith(TAGS[number(patch)])
     # no identity: the submitter authors the commit and signs it off (upstream/README.md)
     assert not re.search(r"^(From|Signed-off-by): ", head, re.M), head
-    assert head.splitlines()[-1] == TRAILER
+    trailers = [line for line in head.splitlines() if line.startswith("Co-authored-by:")]
+    assert trailers == [head.splitlines()[-1]] and TRAILER.fullmatch(trailers[0]), trailers
     assert not BARE_O.findall(head), "write python -O: a bare -O is vLLM's compilation level"
 
 
 def test_the_readme_command_makes_each_patch_the_submitters_signed_off_commit(release, tmp_path):
-    """upstream/README.md's command, on the 0.33.0 files each patch changes."""
+    """upstream/README.md's command, in a clone of the release tree."""
     readme = (UPSTREAM / "README.md").read_text()
     command = re.search(r"```bash\n\s*(sed .*?)\n\s*```", readme, re.S).group(1)
     command = command.replace("0001-kv-cache-spec-merge-explicit-checks.patch", '"$PATCH"')
-    site = vllm_location(venv_python(release))
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_AUTHOR_DATE": "2026-12-03T12:00:00+0000"}
-
-    def git(*args, **kwargs):
-        return subprocess.run(["git", *args], cwd=tmp_path, env=env, check=True, text=True,
-                              capture_output=True, **kwargs).stdout
-
-    git("init", "-q")
-    git("config", "user.name", "A Submitter")
-    git("config", "user.email", "submitter@example.org")
+    clone = tmp_path / "vllm"
+    subprocess.run(["git", "clone", "-q", "--shared", str(release_tree()["repo"]), str(clone)],
+                   env=GIT_ENV, check=True, capture_output=True)
+    env = {**GIT_ENV, "HOME": str(tmp_path), "GIT_AUTHOR_DATE": "2026-12-03T12:00:00+0000"}
+    env.pop("GIT_CONFIG_GLOBAL")
+    for key, value in (("user.name", "A Submitter"), ("user.email", "submitter@example.org")):
+        subprocess.run(["git", "-C", str(clone), "config", key, value], env=env, check=True)
     for patch in PATCHES:
-        for rel in overlay_module().patch_paths(patch):
-            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / rel).write_bytes((site / rel).read_bytes())
-        for rel in overlay_module().added_paths(patch):  # vLLM's test files, as far as known here
-            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / rel).write_text(make_patches_module().stand_in(rel))
-    git("add", "-A")
-    git("commit", "-q", "-m", "vLLM 0.33.0 as released")
-    for patch in PATCHES:
-        subprocess.run(["bash", "-c", command], cwd=tmp_path, env={**env, "PATCH": str(patch)},
+        subprocess.run(["bash", "-c", command], cwd=clone, env={**env, "PATCH": str(patch)},
                        check=True, capture_output=True, text=True)
-        body = git("log", "-1", "--format=%an <%ae>%n%B")
+        body = subprocess.run(["git", "-C", str(clone), "log", "-1", "--format=%an <%ae>%n%B"],
+                              env=env, check=True, capture_output=True, text=True).stdout
         lines = body.strip().splitlines()
         assert lines[0] == "A Submitter <submitter@example.org>"
         assert lines[1] == subject(patch)  # the [Bugfix][...] tags kept
-        assert lines[-2:] == [TRAILER, "Signed-off-by: A Submitter <submitter@example.org>"]
-
-
-def test_patches_are_what_make_patches_builds(release):
-    tree = vllm_location(venv_python(release))
-    proc = subprocess.run([sys.executable, str(UPSTREAM / "make_patches.py"), str(tree), "--check"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-@functools.cache
-def patched_tree(patch_name: str) -> Path:
-    dest = Path(tempfile.mkdtemp(prefix="kimi-upstream-")) / "vllm-tree"
-    site = vllm_location(venv_python("0.33.0"))
-    overlay_module().make_overlay(site, UPSTREAM / patch_name, dest)
-    return dest
-
-
-@pytest.mark.parametrize("patch", PATCHES, ids=number)
-def test_patch_adds_its_regression_test_to_vllms_file(patch, release):
-    """The test hunks add upstream/tests/<path>'s added imports and tests to the
-    file vLLM keeps (TEST_BASES); the overlay runs that same text."""
-    make = make_patches_module()
-    added = overlay_module().added_paths(patch)
-    assert added and all(rel in make.TEST_BASES for rel in added)
-    text = patch.read_text()
-    for rel in added:
-        assert f"--- a/{rel}\n" in text  # a change to vLLM's file, not a new one
-        _own, imports, appended = make.sections(rel)
-        hunk = text.split(f"+++ b/{rel}\n", 1)[1].split("\ndiff --git ", 1)[0]
-        plus = [line[1:] for line in hunk.splitlines() if line.startswith("+")]
-        assert plus == [*imports, "", "", *appended]
-        assert (patched_tree(patch.name) / rel).read_text() == (UPSTREAM / rel).read_text()
+        assert TRAILER.fullmatch(lines[-2]) and lines[-1] == (
+            "Signed-off-by: A Submitter <submitter@example.org>"), lines[-2:]
 
 
 def changed_lines(patch: Path) -> dict:
@@ -237,12 +462,23 @@ def test_regression_test_is_small_beside_the_change(patch, release):
     assert row in (UPSTREAM / "README.md").read_text(), row
 
 
-def plan_command(patch: Path) -> list:
-    """The pytest command of the PR's Test Plan, as arguments."""
+# -- the PR texts ----------------------------------------------------------------
+
+
+def section(patch: Path, heading: str, until: str) -> str:
     text = PR_TEXT[number(patch)].read_text()
-    plan = text[text.index("## Test Plan"):text.index("## Test Result")]
-    line = re.search(r"```bash\n(pytest .*)\n```", plan).group(1)
-    return shlex.split(line)[1:]
+    return text[text.index(heading):text.index(until)]
+
+
+def plan_tests(patch: Path) -> frozenset:
+    """(file, test function) of the pytest command of the PR's Test Plan, which
+    names each test by its node id."""
+    plan = section(patch, "## Test Plan", "## Test Result")
+    commands = re.findall(r"```bash\n(.*?)\n```", plan, re.S)
+    assert len(commands) == 1 and commands[0].startswith("pytest "), commands
+    args = shlex.split(commands[0])[1:]
+    assert args[-1] == "-v" and all("::" in arg for arg in args[:-1]), args
+    return frozenset(tuple(arg.split("::")) for arg in args[:-1])
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=number)
@@ -255,36 +491,34 @@ def test_pr_text_is_the_template_whole_and_cites_only_vllm_paths(patch, release)
     tail = lines[-len(CHECKLIST):]
     assert [re.sub(r"^- \[[ x]\]", "- [{}]", line) for line in tail] == list(CHECKLIST)
     assert tail[4:7] == [line.format("x") for line in CHECKLIST[4:7]]  # purpose, plan, results
+    # the release-notes box: ticked only where the PR says the note is in the draft
+    assert tail[8] == CHECKLIST[8].format(" "), "the release note is not in vLLM's draft"
     assert not [word for word in FOREIGN if word in text]
     assert not BARE_O.findall(text), "write python -O: a bare -O is vLLM's compilation level"
     cited = set(CITED.findall(text))
     assert cited, "a PR text with no path"
-    tree = patched_tree(patch.name)
+    tree = run_tree("fixed")
     missing = sorted(path for path in cited if not (tree / path).exists())
     assert missing == [], f"{PR_TEXT[number(patch)].name} cites paths not in the patched tree"
-    command = plan_command(patch)
-    assert {arg.split("::")[0] for arg in command if arg.startswith("tests/")} == set(
-        overlay_module().added_paths(patch))
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=number)
 def test_pr_text_speaks_for_the_submitter_and_leaves_them_blanks(patch, release):
     text = PR_TEXT[number(patch)].read_text()
+    assert "<!--" not in text, "an HTML comment renders as nothing once posted"
     blanks = BLANK.findall(text)
     outside = BLANK.sub("", text)
-    assert "<!--" not in outside, "a comment that is not a SUBMITTER blank"
+    assert "SUBMITTER" not in outside, "a placeholder not in the **[SUBMITTER: ...]** form"
     assert not re.search(r"submitter|\b(he|she|they) (must|should|runs?|reviews?)\b", outside,
                          re.I), "third person about the submitter outside the blanks"
-    assert re.search(r"\bI (wrote|made|measured|changed|kept|read)\b", outside)
+    assert re.search(r"\bI (wrote|made|measured|changed|kept|read|ran)\b", outside)
     said = " ".join(" ".join(b.split()) for b in blanks)
-    for needed in ("search open PRs", "gh pr list", "rebase onto main", "Python 3.12",
-                   "pre-commit run -a", "your environment", "reviewed every changed line"):
+    for needed in ("gh pr list", "rebase onto main", "Python 3.12", "pre-commit run -a",
+                   "your environment", "reviewed every changed line"):
         assert needed in said, needed
-    results = " ".join(outside[outside.index("## Test Result"):].split())
-    assert "v0.33.0 release wheel, not `main`" in results
     disclosure = " ".join(outside[outside.index("**AI assistance:**"):].split())
     assert disclosure.startswith("**AI assistance:** I wrote this change with an AI assistant")
-    assert TRAILER in disclosure
+    assert "`Co-authored-by:`" in disclosure
 
 
 def test_pr_texts_claim_only_measurements_this_project_makes(release):
@@ -304,22 +538,31 @@ def test_pr_texts_claim_only_measurements_this_project_makes(release):
                 assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, test
 
 
-def test_first_pr_follows_up_its_relatives(release):
+def test_first_pr_gives_the_words_for_the_overlapping_pr(release):
     text = PR_TEXT["0001"].read_text()
     purpose = " ".join(text[text.index("## Purpose"):text.index("## Test Plan")].split())
     assert "Follow-up to #55234" in purpose and "#54649" in purpose
     assert "Fixes #54649" not in text  # that issue is closed
-    assert "#55187" in purpose and "cc #55187's author" in purpose
     assert "`KVCacheSpec.merge`'s docstring" in purpose
-    assert "page-size bucketing catches `(AssertionError, ValueError)`" in purpose
+    assert "**Relation to #55187**" in purpose and "should land" in purpose
+    # the words for #55187's thread, to post before opening: how the two differ, which should land
+    blank = purpose.split("**[SUBMITTER: before opening this PR, post the comment below in #55187's")
+    assert len(blank) == 2, "no placeholder asking to post in #55187's thread first"
+    comment = blank[1].split("]**", 1)[1].split("**[SUBMITTER:", 1)[0]
+    assert comment.strip().startswith("> "), "the comment to post, quoted"
+    comment = comment.replace(" > ", " ")
+    assert "catches only `AssertionError`" in comment
+    assert "should land" in comment and "#55234" in comment
 
 
 def test_second_and_third_pr_texts_say_what_the_review_asked(release):
     second = " ".join(PR_TEXT["0002"].read_text().split())
-    assert "get_forward_context()" in second and "cuda_communicator.py" in second
-    assert "moonep.py" in second and "not folded into" in second
+    for caller in ("vllm/v1/kv_offload/cpu/spec.py", "ec_connector/mooncake/worker.py",
+                   "vllm/v1/worker/block_table.py", "get_forward_context()"):
+        assert caller in second, caller
     third = " ".join(PR_TEXT["0003"].read_text().split())
-    assert "#49777" in third and "read those two from the code" in third
+    assert "#49777" in third and "Under `python -O -m pytest`" in third
+    assert "`ValidationError` is a `ValueError`" in third
 
 
 def test_patch_states_the_contract_once(release):
@@ -330,66 +573,73 @@ def test_patch_states_the_contract_once(release):
     assert not re.findall(r"^\+\s*# Explicit", text, re.M)
 
 
-def _pytest(tree: Path, args, release, output: list = None) -> dict:
-    """{(file, node id after the file name): outcome} of vLLM's pytest run in
-    ``tree`` with ``args`` (a Test Plan's); its stdout appended to ``output``."""
-    proc = subprocess.run([venv_python(release), "-m", "pytest", *args, "-v", "-p", "no:cacheprovider"],
-                          cwd=str(tree), env=hermetic_env(shim=False), capture_output=True, text=True,
-                          timeout=900)
-    found = re.findall(r"^(tests/\S+?)::(\S+) (PASSED|FAILED|SKIPPED|ERROR)", proc.stdout, re.M)
-    assert found, proc.stdout[-4000:] + proc.stderr[-2000:]
-    if output is not None:
-        output.append(proc.stdout)
-    return {(path, name): outcome for path, name, outcome in found}
+# -- the tests, run in vLLM's tree ------------------------------------------------
 
 
-def claimed(patch: Path, which: str) -> str:
-    """What the PR's Test Result says the run printed, with or without the fix."""
-    results = " ".join(PR_TEXT[number(patch)].read_text().split("## Test Result")[1].split())
-    pattern = (r"With this PR: `(\d+ passed)`" if which == "with"
-               else r"Without it \(v0\.33\.0 as released\): `(\d+ failed)`")
-    return re.search(pattern, results).group(1)
+def claimed(patch: Path) -> dict:
+    """What the PR's Test Result says the runs printed: the counts with and
+    without the fix, and the reasons (backticked) it gives for the failures;
+    under "optimized", the same for its python -O -m pytest sentence."""
+    results = " ".join(section(patch, "## Test Result", "\n---\n").split())
+    with_fix = re.search(r"With this PR: `(\d+ passed)`", results).group(1)
+    without = re.search(r"Without it \(v0\.33\.0 as released\): `(\d+ failed)` \((.*?)\)\.", results)
+    said = {"with": with_fix, "without": without.group(1),
+            "reasons": re.findall(r"`([^`]+)`", without.group(2))}
+    optimized = re.search(r"Under `python -O -m pytest`.*?: with this PR `(\d+ passed)`; without it "
+                          r"`(\d+ failed)` \((.*?)\)\.", results)
+    if optimized:
+        said["optimized"] = {"with": optimized.group(1), "without": optimized.group(2),
+                             "reasons": re.findall(r"`([^`]+)`", optimized.group(3))}
+    return said
 
 
-@pytest.mark.parametrize("patch", PATCHES, ids=number)
-def test_regression_test_passes_with_its_fix(patch, release):
-    tests = overlay_module().added_paths(patch)
-    outcomes = _pytest(patched_tree(patch.name), plan_command(patch), release)
-    assert set(outcomes.values()) == {"PASSED"}, outcomes
-    assert {path for path, _ in outcomes} == set(tests)
-    assert claimed(patch, "with") == f"{len(outcomes)} passed"
+def check_runs(runs: dict, patches: list, claims: dict) -> None:
+    """``runs`` ({"released": ..., "fixed": ...}, one mode): their whole
+    collection succeeded, every selected test failed on the release and passed
+    with the patches, and the counts and reasons match ``claims`` (by patch)."""
+    for state, run in runs.items():
+        assert run["rc"] == (1 if state == "released" else 0), (state, run["stdout"][-6000:])
+        assert "error" not in run["stdout"].splitlines()[-1], run["stdout"][-3000:]
+        assert run["deselected"] > 0 and run["collected"] == runs["released"]["collected"]
+    wanted = {(rel, name) for patch in patches for rel, name in new_tests(patch.name)}
+    for state, want in (("released", "FAILED"), ("fixed", "PASSED")):
+        outcomes = runs[state]["outcomes"]
+        assert {(path, node.split("[")[0]) for path, node in outcomes} == wanted, outcomes
+        assert set(outcomes.values()) == {want}, (state, outcomes)
+    for patch in patches:
+        mine = [key for key in runs["fixed"]["outcomes"]
+                if (key[0], key[1].split("[")[0]) in new_tests(patch.name)]
+        said = claims[number(patch)]
+        assert said["with"] == f"{len(mine)} passed" and said["without"] == f"{len(mine)} failed"
+        for reason in said["reasons"]:
+            assert reason in runs["released"]["stdout"], (patch.name, reason)
+            assert reason not in runs["fixed"]["stdout"], (patch.name, reason)
 
 
-def test_regression_tests_fail_without_their_fixes(release, tmp_path):
-    """The three Test Plans on vLLM 0.33.0 as released, in one pytest run: every
-    test they select fails there (the patches add only cases that need the fix)."""
-    tests = [rel for patch in PATCHES for rel in overlay_module().added_paths(patch)]
-    released = overlay_module().make_tree(vllm_location(venv_python(release)), tmp_path / "released",
-                                          {rel: (UPSTREAM / rel).read_text() for rel in tests})
-    outcomes = {}
-    plans = [plan_command(patch) for patch in PATCHES]
-    # one run: the node ids and files of all three; a -k applies to its own file alone
-    selected = [arg for plan in plans for arg in plan if arg.startswith("tests/")]
-    output: list = []
-    ran = _pytest(released, [*selected, "-vv"], release, output)
-    for patch, plan in zip(PATCHES, plans):
-        keyword = plan[plan.index("-k") + 1] if "-k" in plan else None
-        mine = {key: o for key, o in ran.items() if key[0] in overlay_module().added_paths(patch)
-                and (keyword is None or keyword in key[1])}
-        outcomes.update(mine)
-        assert mine and set(mine.values()) == {"FAILED"}, (patch.name, mine)
-        assert claimed(patch, "without") == f"{len(mine)} failed", (patch.name, mine)
-    assert set(ran) == set(outcomes), "a test no Test Plan selects"
+def test_new_tests_fail_without_the_fix_and_pass_with_it(release):
+    """One pytest run per tree state over the three files whole: their whole
+    collection succeeds (no collection error; the other tests deselected), every
+    selected test fails on the release and passes with the patches, and each
+    PR's Test Result gives those counts and reasons. IN_PROCESS's files again
+    under python -O -m pytest, as its Test Result says."""
+    runs = {state: pytest_run(state) for state in ("released", "fixed")}
+    check_runs(runs, PATCHES, {number(patch): claimed(patch) for patch in PATCHES})
     # PR.md: under python -O the other merges return a merged spec and the set
     # picks a candidate (pytest's full diff lists what 0001's child printed)
-    printed = re.findall(r"^E\s+\+\s+'(\w+) (\w+)", output[0], re.M)
+    printed = dict(re.findall(r"^E\s+\+\s+'(\w+) (\w+)", runs["released"]["stdout"], re.M))
     assert {"rswa": "RSWASpec", "sink": "SinkFullAttentionSpec",
-            "sliding_mla": "SlidingWindowMLASpec"}.items() <= dict(printed).items(), printed
-    assert dict(printed)["block_table_widths"] in ("2", "4"), printed
-    assert dict(printed)["page_sizes"].isdigit(), printed
+            "sliding_mla": "SlidingWindowMLASpec"}.items() <= printed.items(), printed
+    assert printed["block_table_widths"] in ("2", "4") and printed["page_sizes"].isdigit(), printed
+    # PR-0002.md: under python -O the other five getters returned instead of raising
+    assert {name: "ok" for name in ("world", "tp", "pp", "dcp", "pcp")}.items() <= printed.items()
+    optimized = [patch for patch in PATCHES if number(patch) in IN_PROCESS]
+    claims = {number(patch): claimed(patch).get("optimized") for patch in optimized}
+    assert all(claims.values()), "a Test Result without its python -O -m pytest sentence"
+    check_runs({state: pytest_run(state, optimize=True) for state in ("released", "fixed")},
+               optimized, claims)
 
 
-def test_first_pr_reproducer_prints_its_table(release, tmp_path):
+def test_first_pr_reproducer_prints_its_table(release):
     """PR.md's reproducer, as written, under python and python -O on vLLM 0.33.0
     as released and under python -O with the patch: each prints the column of
     the table below it (the first word of each line: a value or an exception)."""
@@ -399,14 +649,11 @@ def test_first_pr_reproducer_prints_its_table(release, tmp_path):
     rows = [[cell.strip().strip("`") for cell in line.strip("|").split("|")]
             for line in text.splitlines() if re.match(r"\| (MLA|full)", line)]
     assert len(rows) == 3 and all(len(row) == 4 for row in rows), rows
-    released = tmp_path / "released"
-    released.mkdir()
-    runs = {1: ([], released), 2: (["-O"], released), 3: (["-O"], patched_tree(
-        "0001-kv-cache-spec-merge-explicit-checks.patch"))}
+    runs = {1: ([], run_tree("released")), 2: (["-O"], run_tree("released")),
+            3: (["-O"], run_tree("fixed"))}
     for column, (flags, tree) in runs.items():
-        proc = subprocess.run([venv_python(release), *flags, "-c", code], cwd=str(tree),
-                              env=hermetic_env(shim=False, PYTHONPATH=str(tree)),
-                              capture_output=True, text=True, timeout=300)
+        proc = measured_run([suite_python(), *flags, "-c", code], cwd=str(tree),
+                            env=hermetic_env(shim=False), timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         printed = [line.split()[0] for line in proc.stdout.strip().splitlines()[-3:]]
         assert printed == [row[column] for row in rows], (column, proc.stdout[-2000:])

@@ -1,18 +1,16 @@
-# What 0001 adds to vLLM's tests/v1/core/test_kv_cache_utils.py. Sections, in
-# order, after lines "# >>> ...": the imports that file already has (not in the
-# patch; they let this file run alone), the lines added to its imports, the
-# lines appended at its end (upstream/make_patches.py builds the hunks).
-# >>> the file's own imports
-import subprocess
+# 0001's edit of vLLM's tests/v1/core/test_kv_cache_planning.py (upstream/make_patches.py
+# makes it: each "# >>> KIND ANCHOR" line starts one edit).
+# >>> after def test_is_kv_cache_spec_uniform
+def test_spec_merges_keep_their_checks_under_python_O():
+    # The planner reads a merge's AssertionError as "these layers cannot share
+    # a KV cache group" (see test_is_kv_cache_spec_uniform).
+    script = r"""
 import sys
-
-# >>> added to the imports
-# >>> appended at the end
-PYTHON_O_MERGE_CHECKS = """
 from dataclasses import replace
 
 import torch
 
+from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import (
     get_uniform_page_size,
     is_kv_cache_spec_uniform,
@@ -28,6 +26,8 @@ from vllm.v1.kv_cache_interface import (
     UniformTypeKVCacheSpecs,
 )
 
+if sys.flags.optimize < 1:
+    raise RuntimeError("subprocess is not running with optimization enabled")
 kw = dict(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
 full = FullAttentionSpec(**kw)
 mla = MLAAttentionSpec(**{**kw, "num_kv_heads": 1, "head_size": 576})
@@ -38,8 +38,6 @@ swa_mla = SlidingWindowMLASpec(**{**kw, "num_kv_heads": 1}, sliding_window=128)
 widths = UniformTypeKVCacheSpecs(
     block_size=16, kv_cache_specs={"a": full, "b": replace(full, block_size=32)}
 )
-no_dcp = type("C", (), {"parallel_config": type("P", (), {})()})()
-no_dcp.parallel_config.decode_context_parallel_size = 1
 cases = {
     "mla_then_mamba": lambda: is_kv_cache_spec_uniform({"a": mla, "b": mamba}),
     "full_then_sliding": lambda: is_kv_cache_spec_uniform(
@@ -53,27 +51,26 @@ cases = {
     "sliding_mla": lambda: SlidingWindowMLASpec.merge(
         [swa_mla, replace(swa_mla, dcp_sharded=False)]
     ),
-    "block_table_widths": lambda: widths.max_num_blocks_per_req(no_dcp, 64),
+    "block_table_widths": lambda: widths.max_num_blocks_per_req(VllmConfig(), 64),
     "page_sizes": lambda: get_uniform_page_size([full, replace(full, head_size=128)]),
 }
+outcomes = []
 for name, case in cases.items():
     try:
-        print(name, case())
+        outcomes.append(f"{name} {case()}")
     except Exception as e:
-        print(name, type(e).__name__)
+        outcomes.append(f"{name} {type(e).__name__}")
+print(*outcomes, sep="\n")  # last: vLLM logs to stdout too
 """
-
-
-def test_merge_checks_survive_python_O():
-    # The planner reads a merge's AssertionError as "these layers cannot share a
-    # KV cache group"; python -O must not strip those checks.
-    out = subprocess.run(
-        [sys.executable, "-O", "-c", PYTHON_O_MERGE_CHECKS],
+    proc = subprocess.run(
+        [sys.executable, "-O", "-c", script],
+        cwd=Path(__file__).resolve().parents[3],
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout.splitlines()
-    assert out[-8:] == [
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-8:] == [
         "mla_then_mamba False",
         "full_then_sliding False",
         "mla_cache_dtypes False",
