@@ -150,14 +150,14 @@ class Report:
             return "off"
         if self.refused:
             return "partial"
-        return "late" if self.late else "package"
+        return "late" if self.swapped else "package"  # late: code given in place
 
     def text(self) -> str:
         mode = self.mode()
         if mode == "off":
             return "off (undone: modules loaded since run with -O's bytecode)"
         parts = [f"{mode}: vLLM's modules load with plain Python's bytecode"]
-        if self.late:
+        if self.swapped:
             parts.append(f"armed after {len(self.late)} had run: {sum(self.swapped.values())} "
                          f"functions of {len(self.swapped)} given plain code in place")
         if self.refused:
@@ -328,8 +328,9 @@ def _plan(module):
 
 
 def _same_def(old, new) -> bool:
-    """The same def, asserts aside: what a code object must keep for its
-    function to take the other (CPython checks only the closure's size)."""
+    """The same def, asserts aside (``new`` may name more: asserts add names):
+    what a code object must keep for its function to take the other (CPython
+    checks only the closure's size)."""
     return (old.co_argcount == new.co_argcount
             and old.co_posonlyargcount == new.co_posonlyargcount
             and old.co_kwonlyargcount == new.co_kwonlyargcount
@@ -392,6 +393,8 @@ def _functions(module, filename):
             body = vars(obj)
             if body.get("__module__") == modname:
                 todo.extend(body.values())
+        elif any(c.__name__ == "ObjectProxy" for c in type(obj).__mro__):
+            todo.append(obj.__wrapped__)  # a wrapt wrapper (another library's, or a patch's)
         elif callable(obj) and not isinstance(obj, types.ModuleType):
             inner = _own_dict(obj)  # a wrapper object (functools.lru_cache's): its __wrapped__
             wrapped = inner.get("__wrapped__") if inner else None
