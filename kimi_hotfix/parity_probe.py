@@ -36,9 +36,8 @@ def _mla_before_mamba():
 
 
 def _cache_dtypes_differ():
-    from vllm.v1.kv_cache_interface import MLAAttentionSpec
-
     import torch
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
     mla = [MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16,
                             cache_dtype_str=dtype) for dtype in ("auto", "bfloat16")]
