@@ -23,7 +23,7 @@ from harness import (  # noqa: E402
 )
 
 # the modules whose tests (nearly) only read harness children
-READS_CHILDREN = ("test_check", "test_docs", "test_kv_spec_merge", "test_o_parity",
+READS_CHILDREN = ("test_check", "test_container", "test_docs", "test_kv_spec_merge", "test_o_parity",
                   "test_recoverssm", "test_upstream")
 # scripts/test runs the tier in pytest-xdist workers, a test at a time, except
 # these modules: their tests share what one process computes once (a module-scoped

@@ -66,7 +66,7 @@ UNPATCHED_O = ("off:O:0", "off:O:1", "disable:O:1")  # the -O reproductions
 PLAN = {
     "0.28.0": ("on:plain:0", "on:O:0"),
     "0.29.0": SHIM_RUNS + ("off:plain:0", "off:O:0", "disable:O:1",
-                           "no_source:plain:0", "no_source:O:0", "late:O:0"),
+                           "no_source:plain:0", "no_source:O:0", "late:O:0", "stale:O:0"),
     "0.30.0": SHIM_RUNS_SHORT + UNPATCHED,
     "0.33.0": SHIM_RUNS_SHORT + UNPATCHED + ("ctor:plain:0", "ctor:O:0", "upstream:O:0",
                                              "upstream_off:O:1", "upstream_off:OO:3"),
@@ -84,11 +84,20 @@ SCENARIOS = {
     "upstream": ({}, {"overlay": True}),
     "upstream_off": ({"KIMI_HOTFIX": "0"}, {"overlay": True}),
     # an APM launcher's sitecustomize first on PYTHONPATH shadows the bootstrap: vLLM's
-    # plugin loader arms the shim after every target was imported (test_launcher.py)
-    "late": ({"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "standins" / "apm_site"),
-                                             str(REPO)])},
-             {"late": True, "sections": ["process", "wrapped", "kv", "plans", "kda"]}),
+    # plugin loader arms the shim after every target was imported (test_launcher.py);
+    # vLLM from the stale tree, no bytecode written: -O parity's late path decides by
+    # Python's own rule which code ran (issue 36 item 1)
+    "late": ({"PYTHONDONTWRITEBYTECODE": "1"},
+             {"late": True, "stale": True,
+              "sections": ["process", "wrapped", "kv", "plans", "kda"]}),
+    # issue 36 item 1's container: vLLM's files copied with a later mtime than their
+    # .pyc records (a copy, a layer rebuild), no bytecode written (PYTHONDONTWRITEBYTECODE)
+    "stale": ({"PYTHONDONTWRITEBYTECODE": "1"}, {"stale": True, "sections": [
+        "process", "wrapped", "kv"]}),
 }
+# vLLM's modules the stale tree holds as copies (a later mtime than their .pyc records)
+STALE = ("vllm/v1/kv_cache_interface.py", "vllm/distributed/parallel_state.py",
+         "vllm/config/vllm.py")
 
 
 def child_spec(name, opt, seed, release=None) -> dict:
@@ -244,6 +253,54 @@ def upstream_overlay(release) -> dict:
         return _overlays[release]
 
 
+_stale_trees: dict = {}
+
+
+def stale_tree(release) -> Path:
+    """vLLM as installed, linked file by file (bytecode too: upstream/overlay.py's
+    tree), but for real copies of ``STALE``: each with a modification time a
+    minute later than the one its ``.pyc`` files (plain, -O, -OO, compiled here
+    from the same bytes) record, as a copy or a layer rebuild leaves them. The
+    venv is not touched. Built once per session."""
+    with _overlay_lock:
+        if release not in _stale_trees:
+            import importlib.util
+            import shutil
+            import tempfile
+
+            spec = importlib.util.spec_from_file_location("kimi_upstream_overlay",
+                                                          REPO / "upstream" / "overlay.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            site = vllm_location(venv_python(release))
+            shared = os.environ.get("KIMI_HOTFIX_TEST_CACHE")
+            root = Path(shared) if shared else Path(tempfile.mkdtemp())
+            dest = root / f"stale-{release}"
+            with open(root / f"stale-{release}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (dest / "vllm").exists():
+                    module._link_tree(site / "vllm", dest / "vllm", set())
+                    compile_them = []
+                    for rel in STALE:
+                        (dest / rel).unlink()
+                        shutil.copy2(site / rel, dest / rel)  # the same bytes and mtime
+                        cache, prefix = module._bytecode_of(rel)
+                        for old in (dest / cache).glob(prefix + "*"):
+                            old.unlink()  # links to the venv's: compiled afresh below
+                        compile_them.append(str(dest / rel))
+                    code = ("import py_compile, sys\n"
+                            "for path in sys.argv[1:]:\n"
+                            "    for level in (0, 1, 2):\n"
+                            "        py_compile.compile(path, doraise=True, optimize=level)\n")
+                    subprocess.run([venv_python(release), "-c", code, *compile_them], check=True,
+                                   env=hermetic_env(shim=False), timeout=300)
+                    for path in compile_them:  # now a minute later than the .pyc records
+                        info = os.stat(path)
+                        os.utime(path, (info.st_atime, info.st_mtime + 60))
+            _stale_trees[release] = dest
+        return _stale_trees[release]
+
+
 def _compute(key):
     release, name, opt, seed = key
     extra, _ = SCENARIOS[name]
@@ -251,6 +308,9 @@ def _compute(key):
     env = hermetic_env(PYTHONHASHSEED=seed, **extra)
     if spec.get("overlay"):
         env["PYTHONPATH"] = os.pathsep.join([str(upstream_overlay(release)["path"]), str(REPO)])
+    if spec.get("stale"):
+        first = [str(REPO / "tests" / "standins" / "apm_site")] if spec.get("late") else []
+        env["PYTHONPATH"] = os.pathsep.join([*first, str(stale_tree(release)), str(REPO)])
     cache = os.environ.get("KIMI_HOTFIX_TEST_CACHE")
     path = None
     if cache:
