@@ -155,6 +155,8 @@ def test_every_run_tested_the_installed_wheel_in_its_mode(tier):
         optimize, armed = EXPECTED[run.mode.name]
         if data["optimize"] != optimize:
             problems.append(f"{label}: sys.flags.optimize {data['optimize']}, not {optimize}")
+        if not data.get("cleanups"):  # vLLM's cleanup ran after the tests, its gc made young
+            problems.append(f"{label}: vLLM's cleanup never ran through the plugin's collections")
         if data["hash_seed"] != suite.HASH_SEED:
             problems.append(f"{label}: PYTHONHASHSEED {data['hash_seed']}")
         shim = data["shim"]
