@@ -27,6 +27,9 @@ Kinds (the venv's name is the lock's name: locks/NAME.txt):
   mutmut-py3.11        mutmut and what the unit tier needs (pytest, hypothesis,
                        wrapt, at tools-py3.11's versions): scripts/mutmut, the
                        mutation run (outside CI)
+  suite-deps-py3.11    what vLLM's own tests/conftest.py imports beyond a vLLM venv
+                       (tblib): tests/vllm_suite puts its site-packages on the
+                       PYTHONPATH of the vLLM 0.29.0 venv's pytest runs
 
 A lock is `uv pip compile --generate-hashes` output under a header that records
 its inputs (requirements, Python, platform, indexes, exclusions, the uv version,
@@ -113,6 +116,10 @@ SERVE_EXTRA = ["openai", "pytest", "wrapt>=1.14", "pip", "opentelemetry-distro",
 SERVE_EXCLUDE = ["torchvision", "torchaudio", "torchcodec", "triton"]
 # scripts/mutmut: the mutation tester over the unit tier (DEVELOPING.md, Mutation testing)
 MUTMUT = ["mutmut", "pytest", "hypothesis", "wrapt>=1.14"]
+# tests/vllm_suite (vLLM's own tests from its sdist): what vLLM's tests/conftest.py needs
+# beyond the vLLM venv, at the pin of vLLM 0.29.0's requirements/test/cpu.txt; the
+# vLLM venv itself stays exactly its lock (its pytest, the real tier's)
+SUITE_DEPS = ["tblib==3.1.0"]
 
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
             "VLLM_LOGGING_LEVEL": "ERROR",
@@ -139,6 +146,9 @@ def kind(name):
         # the shared packages (pytest, hypothesis, wrapt) at the unit tier's versions
         return {"name": name, "python": "3.11", "requirements": MUTMUT, "no_deps": [], "exclude": [],
                 "constrained_by": "tools-py3.11", "check": "import mutmut, pytest, hypothesis, wrapt"}
+    if name == "suite-deps-py3.11":
+        return {"name": name, "python": "3.11", "requirements": SUITE_DEPS, "no_deps": [],
+                "exclude": [], "constrained_by": None, "check": "import tblib.pickling_support"}
     m = re.fullmatch(r"(tools|vllm|ray|serve|suite)(?:-(\d+\.\d+\.\d+\S*?))?-py(3\.\d+)", name)
     if not m or (m[1] == "tools") != (m[2] is None):
         return None
@@ -164,7 +174,8 @@ def kind(name):
 
 def all_kinds():
     """Every kind with a committed lock, in the order scripts/lock writes them."""
-    names = ["uv", "bundle-wrapt", *(f"tools-py{p}" for p in TOOLS_PYTHONS), "mutmut-py3.11"]
+    names = ["uv", "bundle-wrapt", *(f"tools-py{p}" for p in TOOLS_PYTHONS), "mutmut-py3.11",
+             "suite-deps-py3.11"]
     names += [f"vllm-{v}-py{p}" for p, vs in VLLM_RELEASES.items() for v in vs]
     names += [f"ray-0.29.0-py{p}" for p in ("3.11",)]
     names += [f"suite-{v}-py{p}" for p, vs in SUITE_RELEASES.items() for v in vs]

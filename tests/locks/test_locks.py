@@ -46,7 +46,7 @@ import venvlock  # noqa: E402
 
 # every kind but the serving venv's (checked where it is built: the e2e tier)
 KINDS = [name for name in venvlock.all_kinds() if not name.startswith("serve-")]
-SMALL = ("uv", "tools-")  # checked by hash; the rest (GBs each) by size
+SMALL = ("uv", "tools-", "suite-deps-")  # checked by hash; the rest (GBs each) by size
 
 
 def build(name, cache=None):
