@@ -235,11 +235,15 @@ def test_multiprocessing_children_arm_the_shim(tmp_path):
         "    out = {}\n"
         "    for method in ('spawn', 'fork', 'forkserver'):\n"
         "        ctx = mp.get_context(method)\n"
-        "        queue = ctx.SimpleQueue()\n"
+        "        queue = ctx.Queue()\n"
         "        proc = ctx.Process(target=child, args=(queue,))\n"
         "        proc.start()\n"
-        "        out[method] = json.loads(queue.get())\n"
-        "        proc.join()\n"
+        "        try:\n"  # a child that dies says so, with its exit code, not a hang
+        "            out[method] = json.loads(queue.get(timeout=120))\n"
+        "        except Exception as exc:\n"
+        "            proc.join(10)\n"
+        "            sys.exit(f'the {method} child sent nothing ({exc!r}), exit {proc.exitcode}')\n"
+        "        proc.join(60)\n"
         "    out['parent_armed'] = 'kimi_hotfix.core' in sys.modules\n"
         "    mechanics.emit(out)\n")
     proc = run_python([str(script)], flags=["-O"], env=standin_env())

@@ -201,7 +201,7 @@ if pid == 0:
     sys.stdout.flush()
     os._exit(0)
 go.set()
-worker.join()
+worker.join(60)
 _, status = os.waitpid(pid, 0)
 fakes.emit({"who": "parent", "status": status, "states": fakes.states(), "during": during,
             "installed": fakes.installed("standin_slow")})
