@@ -15,7 +15,7 @@ two), each plain (vLLM as released, no shim), ``-O`` without the shim and
   ff-plain      full-first, plain python, no shim              reference
   ff-O-noshim   full-first, -O, no shim on PYTHONPATH          vLLM as released: start-up crash
   ff-O-off      full-first, -O, shim on PYTHONPATH, KIMI_HOTFIX=0      the kill switch: same crash
-  ff-O-disable  full-first, -O, KIMI_HOTFIX_DISABLE=kv_spec_merge      same crash, that patch disabled
+  ff-O-disable  full-first, -O, KIMI_HOTFIX_DISABLE=o_parity           same crash, -O parity off
   ff-O-spawn    full-first, -O, PYTHONPATH, VLLM_WORKER_MULTIPROC_METHOD=spawn
   ff-O-bundle   full-first, -O, scripts/bundle on PYTHONPATH, a venv WITHOUT wrapt; and
                 ``vllm serve --api-server-count 2``: two API servers, multiprocess Prometheus
@@ -136,7 +136,7 @@ RUNS = {r.name: r for r in (
     RunSpec("ff-O-noshim", FF, OPT, expect="crash"),
     RunSpec("ff-O-off", FF, OPT, "pythonpath", {"KIMI_HOTFIX": "0"}, expect="crash",
             twin="ff-O-noshim"),
-    RunSpec("ff-O-disable", FF, OPT, "pythonpath", {"KIMI_HOTFIX_DISABLE": "kv_spec_merge"},
+    RunSpec("ff-O-disable", FF, OPT, "pythonpath", {"KIMI_HOTFIX_DISABLE": "o_parity"},
             expect="crash", twin="ff-O-noshim"),
     RunSpec("ff-O-spawn", FF, OPT, "pythonpath", {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
             twin="ff-plain"),

@@ -279,6 +279,7 @@ def stale_tree(release) -> Path:
             with open(root / f"stale-{release}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not (dest / "vllm").exists():
+                    dest.mkdir(parents=True, exist_ok=True)
                     module._link_tree(site / "vllm", dest / "vllm", set())
                     compile_them = []
                     for rel in STALE:
