@@ -855,13 +855,14 @@ _TEST_SITES_COVERED = (
 )
 for _name, _hash, _guard in _TEST_SITES_COVERED:
     covered(_name, {_hash: _T}, O_PARITY, _SITE_PINS.format(guard=_guard))
-covered("tests.v1.attention.test_mla_noncausal.test_mla_cache_marker_is_a_group_property",
-        {"d08b84a4ec3f2176": _T}, "kv_spec_merge",
-        "The test pins 0.29.0's MLAAttentionSpec.merge refusing a marked (DSpark draft) and "
-        "an unmarked MLA spec: under -O without the shim the assert is stripped and the "
-        "test fails. The shim's kv_spec_merge merges the capability with any(), upstream's "
-        "fix (vLLM PR #55234, 0.30.0), in every mode: the vLLM-suite tier allows this "
-        "test's difference (ALLOWED).")
+harmless("tests.v1.attention.test_mla_noncausal.test_mla_cache_marker_is_a_group_property",
+         {"d08b84a4ec3f2176": _T},
+         "The test pins 0.29.0's MLAAttentionSpec.merge refusing a marked (DSpark draft) and "
+         "an unmarked MLA spec: under -O without the shim the assert is stripped and the "
+         "test fails. With the shim the merge takes the capability with any(), upstream's "
+         "fix (vLLM PR #55234, 0.30.0), plain and -O alike, so -O changes nothing there; "
+         "the vLLM-suite tier allows this test's difference (ALLOWED). The merge's other "
+         "asserts are -O parity's (its own row).")
 _TEST_SITES_KEPT = (
     # (test qualname, hash, where the AssertionError comes from: -O keeps it)
     ("tests.model_executor.test_routed_experts_capture."
