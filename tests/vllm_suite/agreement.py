@@ -218,7 +218,7 @@ def reverse(result, files, plain, diffs: dict) -> Reverse:
         elif site["nested"]:
             why = "in a function nested in the test: whether it runs is not known statically"
         elif not nodeids:
-            why = "no test with this id ran (deselected: the file marks others cpu_test)"
+            why = "no test with this id ran (deselected: its file marks others cpu_test; or not collected)"
         elif not site["reaches"]:
             why = "reaches no asserting vLLM function within the audit's depth"
         elif kept:
