@@ -11,6 +11,11 @@ lists
   ValidationError: ``-O`` removes the validation),
 
 each with the functions holding bare asserts that its guarded block reaches.
+
+With ``--tests DIR`` (a vLLM sdist's ``tests/``: the wheel ships none), one more
+kind: ``raises``, a ``pytest.raises(AssertionError)`` block of vLLM's own tests,
+with the asserting functions of vLLM its calls reach. vLLM steers by those
+asserts in its tests, not in its code: the package scan cannot see them.
 Each site and each reached function is classified from the one reviewed table
 (kimi_hotfix.audit.reviewed), by qualified name and normalised source hash:
 covered by a patch, harmless (why), uncovered (why), or not reviewed (new, or
@@ -66,10 +71,10 @@ def classify(result: dict) -> dict:
             _classify(hit)
             reached.setdefault(hit["qualname"], hit)
     result["reached"] = [reached[k] for k in sorted(reached)]
+    kinds = ("except", "suppress", "validator") + (("raises",) if "tests" in result else ())
     result["counts"] = {
         "sites": {c: sum(s["verdict"] == c for s in result["sites"]) for c in CLASSES},
-        "kinds": {k: sum(s["kind"] == k for s in result["sites"])
-                  for k in ("except", "suppress", "validator")},
+        "kinds": {k: sum(s["kind"] == k for s in result["sites"]) for k in kinds},
         "reached": {c: sum(r["verdict"] == c for r in result["reached"]) for c in CLASSES},
         "changed": sum(bool(s["changed"]) for s in result["sites"])
         + sum(bool(r["changed"]) for r in result["reached"]),
@@ -79,15 +84,18 @@ def classify(result: dict) -> dict:
     return result
 
 
-def run(root=None, *, depth=None, use_cache=True) -> dict:
-    """Scan and classify; ``{"error": ...}`` where there is nothing to scan."""
+def run(root=None, *, tests=None, depth=None, use_cache=True, keep=None) -> dict:
+    """Scan and classify; ``{"error": ...}`` where there is nothing to scan.
+    ``tests``: a vLLM sdist's ``tests/`` directory (its ``pytest.raises
+    (AssertionError)`` blocks are sites too); ``keep``: see ``scan.scan``."""
     import time
 
     from kimi_hotfix import __version__
     from kimi_hotfix.audit import scan
 
     t0 = time.perf_counter()
-    result = scan.scan(root, depth=depth or scan.DEFAULT_DEPTH, use_cache=use_cache)
+    result = scan.scan(root, depth=depth or scan.DEFAULT_DEPTH, use_cache=use_cache,
+                       tests=tests, keep=keep)
     if "error" in result:
         return result
     t1 = time.perf_counter()
@@ -121,6 +129,8 @@ def print_report(result, out=None, verbose=False):
     c = result["counts"]
     dist = f" ({result['distribution']})" if result.get("distribution") else ""
     w(f"kimi-hotfix audit: vLLM {result['version']}{dist} at {result['root']}\n")
+    if "tests" in result:
+        w(f"and its tests at {result['tests']} ({result['test_files']} files)\n")
     w(f"{len(result['sites'])} sites steer by AssertionError: "
       + ", ".join(f"{n} {k}" for k, n in c["kinds"].items()) + "\n")
     w("  " + ", ".join(f"{k}: {n}" for k, n in c["sites"].items()) + "\n")
@@ -132,12 +142,17 @@ def print_report(result, out=None, verbose=False):
     for site in sorted(result["sites"], key=lambda s: (order[s["verdict"]], s["file"], s["line"])):
         what = {"except": "except " + ", ".join(site["catches"]),
                 "suppress": "suppress(" + ", ".join(site["catches"]) + ")",
-                "validator": "pydantic validator with assert"}[site["kind"]]
+                "validator": "pydantic validator with assert",
+                "raises": "a test's pytest.raises(" + ", ".join(site["catches"]) + ")",
+                }[site["kind"]]
         w(f"[{_label(site)}] {site['file']}:{site['line']}  {what}\n")
-        w(f"    {site['qualname']}\n")
+        w(f"    {site.get('test') or site['qualname']}\n")
         if site["asserts_in_block"]:
             w(f"    asserts in the guarded block: lines "
               f"{', '.join(map(str, site['asserts_in_block']))}\n")
+        if site.get("raises_in_block") or site.get("mentions_in_block"):
+            w(f"    AssertionError named in the block (kept under -O): lines "
+              f"{', '.join(map(str, site['raises_in_block'] + site['mentions_in_block']))}\n")
         if verbose or site["verdict"] != _reviewed.HARMLESS:
             w(_wrap(site["why"], "    "))
         for hit in site["reaches"]:
@@ -145,6 +160,10 @@ def print_report(result, out=None, verbose=False):
             w(f"    -> {hit['qualname']} ({how}{hit['depth']} call{'s' * (hit['depth'] > 1)}; "
               f"{len(hit['asserts'])} assert{'s' * (len(hit['asserts']) != 1)}) "
               f"[{_label(hit)}]\n")
+        for src in site.get("sources", []):
+            how = "by name, " if src["how"] == "by name" else ""
+            w(f"    -> {src['qualname']} ({how}{src['depth']} call{'s' * (src['depth'] > 1)}): "
+              f"{src['kind']}, kept under -O (lines {', '.join(map(str, src['lines']))})\n")
         w("\n")
     t = result["timings"]
     cache = result["cache"]
@@ -170,6 +189,9 @@ def add_parser(sub):
                                       "by AssertionError (does not import vLLM)")
     au.add_argument("--json", action="store_true", help="print one JSON object")
     au.add_argument("--root", help="scan this vllm package directory instead of the installed one")
+    au.add_argument("--tests", metavar="DIR",
+                    help="also scan vLLM's own tests (a vLLM sdist's tests/ directory: "
+                         "scripts/get-sdist) for pytest.raises(AssertionError) blocks")
     au.add_argument("--depth", type=int, default=None,
                     help="call hops followed from a guarded block (default 2)")
     au.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
@@ -183,8 +205,10 @@ def main(args) -> int:
     if args.root and not os.path.isfile(os.path.join(args.root, "__init__.py")):
         message = f"kimi-hotfix audit: {args.root} is not a package directory"
         result = {"error": message}
+    elif args.tests and not os.path.isdir(args.tests):
+        result = {"error": f"kimi-hotfix audit: --tests {args.tests} is not a directory"}
     else:
-        result = run(args.root, depth=args.depth, use_cache=not args.no_cache)
+        result = run(args.root, tests=args.tests, depth=args.depth, use_cache=not args.no_cache)
     if "error" in result:
         if args.json:
             print(json.dumps(result))

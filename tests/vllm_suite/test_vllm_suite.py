@@ -18,6 +18,11 @@ Python fails the tier, unless ``ALLOWED`` names it with a reason; an allowed tes
 no longer differs (stale) or is gone fails too. Tests that fail the same way in every
 mode (models from the hub, offline here) do not count: only differences do.
 
+``audit`` agrees with the tier (agreement.py): every test that ``-O`` changes (without
+the shim) is explained by a site or a reviewed function of the audit, which the tier runs
+with ``--tests`` on the sdist's tests (static: it imports nothing of vLLM); and every test
+site the audit can decide, in the selected files, is a test that ``-O`` changes.
+
 Cost: one pytest process per mode (three that import vLLM), plus whatever vLLM's tests
 start themselves (counted by the plugin); the summary line gives the CPU-seconds.
 """
@@ -29,6 +34,7 @@ import resource
 import time
 from pathlib import Path
 
+import agreement
 import pytest
 import selection
 import suite
@@ -46,6 +52,21 @@ ALLOWED = {
         "any(), upstream's own fix (vLLM PR #55234, in 0.30.0)",
 }
 UPSTREAM_PR = re.compile(r"PR #\d+")
+# nodeid -> (the vLLM function, why): differences under -O without the shim that nothing
+# static ties to vLLM code (agreement.py's last resort). The function must have a reviewed
+# row for its current source; an entry whose test no longer differs, or that the audit
+# explains by itself, is stale.
+BY_HAND = {
+    f"tests/v1/worker/test_mamba_utils.py::{name}": (
+        "vllm.distributed.kv_transfer.kv_connector.v1.ssm_conv_transfer_utils."
+        "derive_mamba_conv_split",
+        "fails in plain Python, passes under -O: an earlier test_nixl_connector_hma.py test "
+        "sets VLLM_SSM_CONV_STATE_LAYOUT=DS and derive_mamba_conv_split's `assert "
+        "is_conv_state_dim_first()` caches that layout (lru_cache) for the process; -O "
+        "strips the assert and its call, so this test sees the default layout")
+    for name in ("test_mamba_groups_support_different_state_specs",
+                 "test_mamba_groups_support_mixed_specs_in_uniform_group")
+}
 # what each mode must be, written here rather than read from suite.MODES: (optimize
 # flag, the shim loaded and armed)
 EXPECTED = {"plain": (0, False), "O": (1, False), "O+shim": (1, True), "plain+shim": (0, True)}
@@ -60,7 +81,8 @@ def tier(request, tmp_path_factory):
     python = suite.vllm_python()
     venv = suite.site_packages(Path(python).parents[1])
     tree = suite.sdist()
-    result = audit.run(root=venv / "vllm")
+    scanned: dict = {}  # the audit's tree and resolver: agreement.py asks them more
+    result = audit.run(root=venv / "vllm", tests=tree / "tests", keep=scanned)
     if "error" in result:
         pytest.fail(f"audit of {venv / 'vllm'}: {result['error']}")
     modules = set(PATCHES.values()) | selection.audit_modules(result)
@@ -73,9 +95,23 @@ def tier(request, tmp_path_factory):
     plain = runs[suite.PLAIN.name]
     diffs = {name: suite.differences(plain, run) for name, run in runs.items() if run is not plain}
     t = {"python": python, "site": venv, "sdist": tree, "modules": modules, "found": found,
-         "files": files, "runs": runs, "diffs": diffs, "work": work}
+         "files": files, "runs": runs, "diffs": diffs, "work": work, "audit": result,
+         "scanned": scanned}
+    t["forward"], t["reverse"] = agree(t)
     _report(t, time.monotonic() - t0, _own_cpu() - cpu0)
     return t
+
+
+def agree(t, result=None, by_hand=None):
+    """(forward, reverse) of agreement.py on this session's runs; ``result`` and
+    ``by_hand`` default to the audit's and BY_HAND (the broken variants pass others)."""
+    result = t["audit"] if result is None else result
+    plain, off = t["runs"][suite.PLAIN.name], t["runs"][suite.O_OFF.name]
+    diffs = t["diffs"][suite.O_OFF.name]
+    forward = agreement.forward(diffs, plain, off, result, t["scanned"]["tree"],
+                                t["scanned"]["resolver"], BY_HAND if by_hand is None else by_hand,
+                                result["depth"])
+    return forward, agreement.reverse(result, t["files"], plain, diffs)
 
 
 def _own_cpu() -> float:
@@ -105,6 +141,21 @@ def _report(t, wall, own_cpu):
             a, b, line, frame = d[nodeid]
             say(f"    {mark + ': ' if mark else ''}{nodeid}: {a} -> {b}"
                 + (f": {line[:160]}" if line else "") + (f" [{frame}]" if frame else ""))
+    forward, reverse = t["forward"], t["reverse"]
+    how: dict = {}
+    for found in forward.values():
+        key = found[0] if found else "UNEXPLAINED"
+        how[key] = how.get(key, 0) + 1
+    sites = agreement.test_sites(t["audit"])
+    say(f"  audit --tests agreement: {len(sites)} test sites in vLLM's tests "
+        f"({len({h['qualname'] for s in sites for h in s['reaches']})} asserting vLLM functions "
+        f"reached); forward: {sum(map(bool, forward.values()))} of {len(forward)} differences "
+        f"under -O without the shim explained (" + ", ".join(f"{k} {n}" for k, n in how.items())
+        + f"); reverse: {len(reverse.decided) + len(reverse.cannot)} test sites in the selected "
+        f"files, {len(reverse.decided)} decided ({sum(d for _, d in reverse.decided.values())} "
+        f"differ), {len(reverse.cannot)} it cannot tell:")
+    for where, why in reverse.cannot.items():
+        say(f"    cannot tell: {where}: {why}")
     started = {k: sum(r.data.get("started", {}).get(k, 0) for r in runs.values())
                for k in ("forks", "subprocesses")}
     commands: dict = {}
@@ -248,6 +299,83 @@ def test_the_gate_fails_on_what_it_must(tier):
         "a::t": ("passed", "failed", "boom", ""), "b::t": ("passed", "absent", "", ""),
         "c.py": ("collected", "collection error", "ImportError", "")}
     assert suite.differences(base, base) == {}
+
+
+def test_every_difference_under_O_is_explained_by_the_audit(tier):
+    """Forward (agreement.py): each test -O changes is a test site of the audit, or fails
+    in a reviewed function, or exercises a reviewed site, or is in BY_HAND."""
+    unexplained = sorted(n for n, found in tier["forward"].items() if found is None)
+    diffs = tier["diffs"][suite.O_OFF.name]
+    assert unexplained == [], "\n".join(f"{n}: {diffs[n][:2]} {diffs[n][3]}" for n in unexplained)
+    assert tier["audit"]["all_reviewed"], "audit --tests on 0.29.0: not every site is reviewed"
+
+
+def test_every_test_site_the_audit_decides_differs_under_O(tier):
+    """Reverse (agreement.py): a test site in the selected files whose block can give an
+    AssertionError only through vLLM's bare asserts is a test that -O changes."""
+    reverse = tier["reverse"]
+    same = {where: site["test"] for where, (site, differs) in reverse.decided.items()
+            if not differs}
+    assert same == {}, "decided by the audit, but their tests do not differ under -O"
+    assert reverse.decided, "the audit decides no test site of the selected files"
+
+
+def test_the_by_hand_list_is_current(tier):
+    diffs = tier["diffs"][suite.O_OFF.name]
+    problems = [f"{n}: no longer differs (stale)" for n in BY_HAND if n not in diffs]
+    alone = agree(tier, by_hand={})[0]
+    problems += [f"{n}: the audit explains it by itself ({alone[n][0]}): stale"
+                 for n in BY_HAND if alone.get(n)]
+    assert problems == []
+
+
+def test_the_agreement_fails_on_what_it_must(tier, monkeypatch):
+    """Both checks on this session's runs (no process more), broken: a reviewed row
+    dropped leaves the differences it explained unexplained (a test site's row, a
+    frame's row, BY_HAND's function); a harmless row that does not say its path serves
+    tests explains nothing; a fake test site, decided, for a test that passes alike in
+    every mode is a reverse failure."""
+    import copy
+
+    from kimi_hotfix import audit
+    from kimi_hotfix.audit import reviewed
+
+    forward = tier["forward"]
+    original = reviewed.TABLE
+
+    def without(*names):
+        table = {k: v for k, v in original.items() if k not in names}
+        monkeypatch.setattr(reviewed, "TABLE", table)
+        result = audit.classify(copy.deepcopy(tier["audit"]))
+        return {n for n, found in agree(tier, result)[0].items() if found is None}
+
+    pinned = "tests/v1/core/test_single_type_kv_cache_manager.py::" \
+        "test_mamba_speculative_block_relocation_requires_exclusive_ownership"
+    assert forward[pinned][0] == "test site"
+    assert without("tests.v1.core.test_single_type_kv_cache_manager."
+                   "test_mamba_speculative_block_relocation_requires_exclusive_ownership") == {pinned}
+    framed = {n for n, found in forward.items()
+              if found and found[0] == "frame" and "AttentionImplBase.__new__" in found[1]}
+    assert framed and without("vllm.v1.attention.backend.AttentionImplBase.__new__") == framed
+    assert without(BY_HAND[next(iter(BY_HAND))][0]) == set(BY_HAND)
+    monkeypatch.undo()
+    # the same row, harmless but not marked as serving tests: the frames it explained fail
+    rows = reviewed.TABLE["vllm.v1.attention.backend.AttentionImplBase.__new__"]
+    monkeypatch.setitem(reviewed.TABLE, "vllm.v1.attention.backend.AttentionImplBase.__new__",
+                        [reviewed.Review(r.qualname, r.hashes, r.verdict, r.why) for r in rows])
+    assert {n for n, found in agree(tier)[0].items() if found is None} == framed
+    monkeypatch.undo()
+    # a fake site: a test that passes in every mode, its block reaching a covered merge
+    plain = tier["runs"][suite.PLAIN.name]
+    diffs = tier["diffs"][suite.O_OFF.name]
+    same = next(n for n, e in sorted(plain.results.items()) if e["outcome"] == "passed"
+                and n not in diffs and "[" not in n and n.startswith("tests/v1/core/"))
+    real = next(site for site, _ in tier["reverse"].decided.values())  # a block it decides
+    fake = dict(real, file=same.split("::")[0], line=99999, test=same)
+    broken = dict(tier["audit"], sites=[*tier["audit"]["sites"], fake])
+    reverse = agree(tier, broken)[1]
+    assert reverse.decided[f"{fake['file']}:99999"] == (fake, False)
+    assert [w for w, (_, d) in reverse.decided.items() if not d] == [f"{fake['file']}:99999"]
 
 
 def test_plain_python_with_the_shim(tier):
