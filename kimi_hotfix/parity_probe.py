@@ -152,7 +152,7 @@ class ParityCheck(patching.Patch):
         ("a configuration plain Python refuses with AssertionError starts under -O "
          "(e.g. cp_kv_cache_interleave_size that does not divide the block size, DCP)",),
         ("KV-cache guards gone under -O: a wrong block goes on silently where plain Python "
-         "stops (vLLM's own tests under python -O: tests/real/test_vllm_suite.py)",),
+         "stops (vLLM's own tests under python -O: tests/vllm_suite/)",),
     )
     summary = ("under -O, vLLM's modules run plain Python's bytecode: every assert as in "
                "plain Python")
