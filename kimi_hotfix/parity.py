@@ -5,8 +5,9 @@ every one: the KV-cache spec merges collapse groups (the seed's illegal memory
 access), the planner's ``except AssertionError`` fallbacks never fire, a
 barrier gets ``None`` instead of falling back, a configuration plain Python
 refuses starts, and KV-cache ownership guards vanish, so a wrong block goes on
-silently (vLLM's own tests, run under ``-O``, find them: tests/vllm_suite/). One mechanism restores every assert of vLLM, present and
-future, instead of one patch per function found.
+silently (vLLM's own tests, run under ``-O``, find them: tests/vllm_suite/).
+One mechanism restores every assert of vLLM, present and future, instead of
+one patch per function found.
 
 What it changes, under ``-O`` only (plain Python keeps its asserts: nothing
 to do; ``KIMI_HOTFIX_DISABLE=o_parity`` or ``KIMI_HOTFIX=0`` turn it off):
