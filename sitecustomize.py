@@ -4,7 +4,7 @@ nothing: it puts a small finder in front of sys.meta_path that waits for
 ``import vllm`` (and leaves sys.meta_path once it has fired), and then chains
 the container's own sitecustomize (the next one on sys.path), which still runs
 exactly once. When vLLM is imported, just before
-its ``__init__`` runs, ``kimi_hotfix.core.arm()`` reads the environment, imports
+its ``__init__`` runs, ``kimi_hotfix.runtime.core.arm()`` reads the environment, imports
 wrapt and registers post-import hooks on the vLLM modules it patches.
 Stdlib only, no imports here: containers often run without bytecode caches, so
 this file may be compiled at every start, so it is kept short (bench/startup.py).
@@ -17,9 +17,9 @@ CHAINED = []  # origins of the sitecustomize modules chained from here
 COPIES = []  # origins of other copies of this bootstrap found on the way, not run as theirs
 ARMED = False
 SEARCHING = False
-# kimi_hotfix.messages.INACTIVE and FORMAT: the one line logged when the package
+# kimi_hotfix.runtime.messages.INACTIVE and FORMAT: the one line logged when the package
 # cannot load, with the prefix every line of the shim has
-INACTIVE = "kimi-hotfix inactive: cannot load kimi_hotfix.core (%s); vLLM runs unpatched"
+INACTIVE = "kimi-hotfix inactive: cannot load kimi_hotfix.runtime.core (%s); vLLM runs unpatched"
 FORMAT = "%(asctime)s kimi-hotfix[%(process)d] %(levelname)s %(message)s"
 
 
@@ -77,7 +77,7 @@ def fire():
     ARMED = True
     retire()
     try:
-        from kimi_hotfix import core
+        from kimi_hotfix.runtime import core
     except Exception as exc:  # a broken install must not break vLLM's import...
         if inactive(exc):
             raise  # ...unless strict mode asks for a hard failure
@@ -86,7 +86,7 @@ def fire():
 
 
 def inactive(exc):
-    """Log INACTIVE as kimi_hotfix.messages would (FORMAT, stderr, the level
+    """Log INACTIVE as kimi_hotfix.runtime.messages would (FORMAT, stderr, the level
     KIMI_HOTFIX_LOG_LEVEL allows), without it: it may be what is broken.
     Returns True in strict mode (the caller raises). sitecustomize.py and
     kimi_hotfix/plugin.py each hold this function (tests/unit/test_registry.py

@@ -9,7 +9,7 @@ vllm.models.kimi_k3.nvidia.kda_metadata) in a fresh process of the given (vLLM
 venv) interpreter, with the shim on PYTHONPATH. What the shim adds there:
 
 1. Its own steps, timed in-process with perf_counter: the bootstrap's arming
-   (sitecustomize.fire(): kimi_hotfix.core, the patch modules, the environment,
+   (sitecustomize.fire(): kimi_hotfix.runtime.core, the patch modules, the environment,
    wrapt, the hook registrations) and each patch's hook (decide from the loaded
    code, then wrap). The arming imports about 150 stdlib modules before vLLM
    does; vLLM imports them anyway, so that time moves rather than adds. The
@@ -106,7 +106,7 @@ if bootstrap is not None:
         fire()
         timings["arm"] += time.perf_counter() - t0
         timings["arm_imported"] = sorted(set(sys.modules) - before)
-        core = sys.modules["kimi_hotfix.core"]
+        core = sys.modules["kimi_hotfix.runtime.core"]
         settle = core.settle
 
         def timed_settle(name, module):  # the hooks look settle up at call time
@@ -128,7 +128,7 @@ if bootstrap is not None and bootstrap.ARMED:
 t0 = time.perf_counter()
 %(imports)s
 total = time.perf_counter() - t0
-core = sys.modules.get("kimi_hotfix.core")
+core = sys.modules.get("kimi_hotfix.runtime.core")
 states = {n: str(s) for n, s in core.states().items()} if core is not None else None
 print("KIMI_JSON:" + json.dumps(dict(timings, **{"import": total, "states": states,
                                                   "modules": sorted(sys.modules)})))

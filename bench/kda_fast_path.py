@@ -169,10 +169,10 @@ def main(argv=None):
     import wrapt
     from vllm.models.kimi_k3.nvidia import kda_metadata
 
-    from kimi_hotfix import core, recompile
     from kimi_hotfix.patches import _recoverssm as probing
     from kimi_hotfix.patches import kda_overlong_rows as patch
     from kimi_hotfix.patches.kda_overlong_rows import probe
+    from kimi_hotfix.runtime import core, recompile
 
     torch.set_num_threads(1)
     # as installed; toggled on where this vLLM does not need it (for the process)

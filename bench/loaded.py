@@ -110,7 +110,7 @@ from trees import compile_tree, describe, extract, snapshot
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PYTHON = "~/.cache/kimi-hotfix/uv-venvs/vllm-0.29.0-py3.11/bin/python"
 DEFAULT_BEFORE = "715439d"
-# the patches' target modules (kimi_hotfix.registry may list them one day; the
+# the patches' target modules (kimi_hotfix.runtime.registry may list them one day; the
 # bench does not import kimi_hotfix, so they are written out here)
 TARGETS = (
     "vllm.v1.kv_cache_interface",

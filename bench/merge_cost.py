@@ -46,8 +46,7 @@ LIMIT = 0.10
 
 def own_merge(cls):
     """vLLM's own merge under the shim's wrapper(s), bound to ``cls``."""
-    from kimi_hotfix import wrapping
-
+    from kimi_hotfix.runtime import wrapping
     own = vars(cls)["merge"]
     while wrapping.is_wrapped(own):
         own = own.__wrapped__
@@ -81,8 +80,7 @@ def main(argv=None) -> int:
     import vllm
     from vllm.v1 import kv_cache_interface as kvi
 
-    from kimi_hotfix import core, wrapping
-
+    from kimi_hotfix.runtime import core, wrapping
     cls = kvi.MLAAttentionSpec
     state = core.states()["kv_spec_merge"].as_dict()
     if state["kind"] != "applied" or not wrapping.is_wrapped(vars(cls)["merge"]):

@@ -7,10 +7,10 @@
 (a) per function, targeted (the design before issue 37): recompile each named
     function from vLLM's own source with its asserts as explicit raises
     (``AssertToRaise`` below, what kimi_hotfix/hardening.py did), checked byte
-    for byte against the running code (kimi_hotfix.recompile), one patch per
+    for byte against the running code (kimi_hotfix.runtime.recompile), one patch per
     site found. Here: the 11 functions three patches covered, plus the 9
     functions behind the 9 vLLM tests -O still failed (issue 37).
-(b) per package, what the shim does now (kimi_hotfix.parity): vLLM's modules
+(b) per package, what the shim does now (kimi_hotfix.runtime.parity): vLLM's modules
     load with the plain ``.pyc`` (pip writes it at install) or, where Python's
     rule rejects it, the source compiled with ``optimize=0``; a module imported
     before arming gets its plain code in place (the late path).
@@ -98,8 +98,7 @@ def _resolve(module, dotted):
 
 def measure(modname, names, rounds):
     """Part 1 for one module."""
-    from kimi_hotfix import bytecode, parity, recompile
-
+    from kimi_hotfix.runtime import bytecode, parity, recompile
     module = importlib.import_module(modname)
     path = module.__file__
     funcs = [_resolve(module, n) for n in names]
@@ -213,8 +212,7 @@ def hot_path(iterations):
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
-    from kimi_hotfix import parity_probe
-
+    from kimi_hotfix.tools import parity_probe
     modules = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.block_pool")
     del torch
 

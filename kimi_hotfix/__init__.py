@@ -16,32 +16,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from kimi_hotfix.base import State
+    from kimi_hotfix.runtime.base import State
 
 __all__ = ["arm", "undo", "reapply", "states", "__version__"]
 
 
 def arm(source: str = "api") -> dict[str, State]:
-    from kimi_hotfix import core
-
+    from kimi_hotfix.runtime import core
     return core.arm(source)
 
 
 def undo(name: Optional[str] = None) -> dict[str, State]:
-    from kimi_hotfix import core
-
+    from kimi_hotfix.runtime import core
     return core.undo(name)
 
 
 def reapply(name: Optional[str] = None) -> dict[str, State]:
-    from kimi_hotfix import core
-
+    from kimi_hotfix.runtime import core
     return core.reapply(name)
 
 
 def states() -> dict[str, State]:
-    from kimi_hotfix import core
-
+    from kimi_hotfix.runtime import core
     return core.states()
 
 
@@ -49,7 +45,7 @@ def __getattr__(name: str):
     """``__version__`` (versions.SHIM) when asked: importing the package imports
     nothing, so ``status`` names a broken module instead of failing first."""
     if name == "__version__":
-        from kimi_hotfix.versions import SHIM
+        from kimi_hotfix.runtime.versions import SHIM
 
         return SHIM
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""``python -m kimi_hotfix status|check [--json]``: see kimi_hotfix.cli.
+"""``python -m kimi_hotfix status|check [--json]``: see kimi_hotfix.tools.cli.
 
 Also runs as ``python /path/to/shim/kimi_hotfix status``, which works under
 ``-I``/``-E`` too, where PYTHONPATH (and so ``-m``) cannot find the package.
@@ -22,7 +22,7 @@ BROKEN = 1  # the exit status of ``status`` where the shim's own files cannot lo
 
 def _cause(exc) -> str:
     """``Type: message`` and where: a SyntaxError's file, else the last frame.
-    A copy of ``kimi_hotfix.base.describe`` on purpose: base may be the file
+    A copy of ``kimi_hotfix.runtime.base.describe`` on purpose: base may be the file
     that cannot load."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
@@ -61,7 +61,7 @@ def _broken(exc, argv) -> int:
 def _main() -> int:
     argv = sys.argv[1:]
     try:
-        from kimi_hotfix.cli import main
+        from kimi_hotfix.tools.cli import main
     except Exception as exc:
         return _broken(exc, argv)
     if next((a for a in argv if not a.startswith("-")), None) != "status":

@@ -13,14 +13,14 @@ line (same text, same prefix) and returns; strict mode raises.
 
 import sys
 
-# the same texts as kimi_hotfix.messages.INACTIVE and FORMAT (tests/unit/test_registry.py)
-INACTIVE = "kimi-hotfix inactive: cannot load kimi_hotfix.core (%s); vLLM runs unpatched"
+# the same texts as kimi_hotfix.runtime.messages.INACTIVE and FORMAT (tests/unit/test_registry.py)
+INACTIVE = "kimi-hotfix inactive: cannot load kimi_hotfix.runtime.core (%s); vLLM runs unpatched"
 FORMAT = "%(asctime)s kimi-hotfix[%(process)d] %(levelname)s %(message)s"
 
 
 def register() -> None:
     try:
-        from kimi_hotfix import core
+        from kimi_hotfix.runtime import core
     except Exception as exc:
         if inactive(exc):
             raise
@@ -29,7 +29,7 @@ def register() -> None:
 
 
 def inactive(exc):
-    """Log INACTIVE as kimi_hotfix.messages would (FORMAT, stderr, the level
+    """Log INACTIVE as kimi_hotfix.runtime.messages would (FORMAT, stderr, the level
     KIMI_HOTFIX_LOG_LEVEL allows), without it: it may be what is broken.
     Returns True in strict mode (the caller raises). sitecustomize.py and
     kimi_hotfix/plugin.py each hold this function (tests/unit/test_registry.py

@@ -20,14 +20,13 @@ TOGGLES = ("KIMI_HOTFIX", "KIMI_HOTFIX_DISABLE", "KIMI_HOTFIX_FORCE", "KIMI_HOTF
 def _registry():
     """(patch names, their target modules), from the package's registry."""
     sys.path.insert(0, str(REPO))
-    from kimi_hotfix import registry
-
+    from kimi_hotfix.runtime import registry
     return registry.names(), tuple(p.target for p in registry.patches().values())
 
 
 PATCHES, TARGETS = _registry()
-SUMMARY = "kimi-hotfix {} (".format(
-    re.search(r'^SHIM = "([^"]+)"', (REPO / "kimi_hotfix" / "versions.py").read_text(), re.M).group(1))
+VERSIONS_PY = REPO / "kimi_hotfix" / "runtime" / "versions.py"
+SUMMARY = "kimi-hotfix {} (".format(re.search(r'^SHIM = "([^"]+)"', VERSIONS_PY.read_text(), re.M).group(1))
 
 
 def sample_module(tmp_path, monkeypatch, name: str, source: str):

@@ -1,7 +1,7 @@
 """The patch registry: one module (or subpackage) per patch, named here with
 the vLLM module whose import triggers it.
 
-Each defines ``PATCH``, an instance of a ``kimi_hotfix.patching.Patch`` subclass
+Each defines ``PATCH``, an instance of a ``kimi_hotfix.runtime.patching.Patch`` subclass
 (its ``target`` is the module named here: a unit test keeps them equal), and
 its header says why it exists, what it changes, the upstream fix and the vLLM
 release that carries it, and how the patch decides it is no longer needed.

@@ -22,9 +22,9 @@ from __future__ import annotations
 import contextlib
 import types
 
-from kimi_hotfix import wrapping
 from kimi_hotfix.patches.capture_workspace import FIELD as RECOVERSSM_FIELD
 from kimi_hotfix.patches.capture_workspace import has_recoverssm
+from kimi_hotfix.runtime import wrapping
 
 SEED = {"max_num_seqs": 48, "num_spec": 8}  # the failing deployment: 48 x (1 + 8) = 432
 

@@ -22,8 +22,9 @@ import re
 
 import pytest
 
-from kimi_hotfix import __version__, registry
-from kimi_hotfix.base import Kind
+from kimi_hotfix import __version__
+from kimi_hotfix.runtime import registry
+from kimi_hotfix.runtime.base import Kind
 
 from runs import BROKEN, DECODE_TOKENS, MEASURED, PROMPT_WORDS, RUNS, dump, run
 from serving import (
@@ -653,8 +654,7 @@ POD_LIFECYCLE = """
 import json, os, signal, subprocess, sys, tempfile
 import vllm.v1.metrics.prometheus as vp
 import prometheus_client as pc
-from kimi_hotfix import core
-
+from kimi_hotfix.runtime import core
 def scrape():
     return pc.generate_latest(vp.get_prometheus_registry()).decode()
 
@@ -767,7 +767,7 @@ def test_arming_imports_no_prometheus_client(serve_child):
     out = serve_child("""
 import sys, json
 import vllm
-from kimi_hotfix import core
+from kimi_hotfix.runtime import core
 before = "prometheus_client" in sys.modules
 print("KIMI_JSON:" + json.dumps({"armed": core.armed_by(), "prometheus_client": before}))
 """, flags=["-O"])
@@ -830,7 +830,7 @@ def test_metrics_collector_contains_its_own_failure(serve_child):
 import json, sys, io, logging
 import vllm.v1.metrics.prometheus as vp
 import prometheus_client as pc
-from kimi_hotfix import metrics
+from kimi_hotfix.runtime import metrics
 def broken():
     raise RuntimeError("states unavailable")
 metrics.record = broken

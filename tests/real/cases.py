@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from kimi_hotfix import registry  # the shim is on every child's PYTHONPATH
+from kimi_hotfix.runtime import registry  # the shim is on every child's PYTHONPATH
 
 PATCHES = registry.names()
 TARGETS = tuple(patch.target for patch in registry.patches().values())

@@ -190,7 +190,7 @@ if SPEC.get("late"):  # the bootstrap shadowed by an APM launcher's sitecustomiz
     # plugin loader arms it, through the dist-info beside the package, as in an EngineCore
     LATE = {"apm_sitecustomize": os.environ.get("STANDIN_APM_RAN"),
             "bootstrap_loaded": "kimi_hotfix_sitecustomize" in sys.modules,
-            "armed_before": "kimi_hotfix.core" in sys.modules,  # (cases.py loads the registry)
+            "armed_before": "kimi_hotfix.runtime.core" in sys.modules,  # (cases.py loads the registry)
             "targets_imported_before": [t for t in cases.TARGETS if t in sys.modules]}
     from vllm.plugins import load_general_plugins
 
@@ -206,7 +206,7 @@ from vllm.v1.worker.gpu import cudagraph_utils  # noqa: E402
 if "kimi_hotfix" not in sys.modules:
     sys.path.append(REPO)
 import kimi_hotfix  # noqa: E402
-from kimi_hotfix import core  # noqa: E402
+from kimi_hotfix.runtime import core  # noqa: E402
 
 import mechanics  # noqa: E402
 
@@ -299,7 +299,7 @@ def _installed_and_forced(name, compute):
     disabled, no test reads it)."""
     out = {"installed": compute()}
     if core.states()[name].kind.value in ("not_needed", "not_affected"):
-        from kimi_hotfix.preflight import toggled  # check's own toggle
+        from kimi_hotfix.tools.preflight import toggled  # check's own toggle
         with toggled(name, True) as state:
             out.update(forced=compute(), forced_state=str(state))
     return out
@@ -324,8 +324,7 @@ def battery():
 
 @section("check")
 def check():
-    from kimi_hotfix import cli
-
+    from kimi_hotfix.tools import cli
     before = {name: str(s) for name, s in core.states().items()}
     rc, text = _capture(lambda: cli.main(["check", "--json"]))
     after = {name: str(s) for name, s in core.states().items()}
@@ -379,8 +378,7 @@ def merge_work():
 
     import torch
 
-    from kimi_hotfix import wrapping
-
+    from kimi_hotfix.runtime import wrapping
     cls = kvi.MLAAttentionSpec
     own = wrapping.vllm_own(cls, "merge").__get__(None, cls)
     specs = [cls(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16) for _ in range(61)]
@@ -446,8 +444,8 @@ def strict_cannot_tell():
     "ctor_strict" child's import raised; the import's part is tests/unit's)."""
     import child_failures
 
-    from kimi_hotfix import state
-    from kimi_hotfix.base import KimiHotfixError, Kind, State
+    from kimi_hotfix.runtime import state
+    from kimi_hotfix.runtime.base import KimiHotfixError, Kind, State
 
     cls = kvi.MLAAttentionSpec
     own = vars(cls)["__init__"]
@@ -490,8 +488,7 @@ def reimport():
     """importlib.reload of kv_cache_interface and a fresh import of
     vllm.config.vllm (what runs before the states are read, and after), then
     undo (test_processes.py)."""
-    from kimi_hotfix import parity
-
+    from kimi_hotfix.runtime import parity
     def show():
         states = core.states()
         kv = sys.modules["vllm.v1.kv_cache_interface"]

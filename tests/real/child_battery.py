@@ -137,8 +137,7 @@ def fresh_codes(kvi):
     """merge code objects compiled now from vLLM's own source file, as the
     module was compiled at import (this interpreter's level, or plain where -O
     parity loaded it)."""
-    from kimi_hotfix import parity
-
+    from kimi_hotfix.runtime import parity
     level = 0 if parity.runs_plain(kvi) else -1
     with open(kvi.__file__) as f:
         module = compile(f.read(), kvi.__file__, "exec", dont_inherit=True, optimize=level)
@@ -163,12 +162,12 @@ def run(core, kvi):
                unvaried=unvaried)
     installed = {c: vars(c)["merge"] for c in owners}
     state_before = str(core.states()[NAME])
-    from kimi_hotfix.preflight import toggled  # check's own toggle
+    from kimi_hotfix.tools.preflight import toggled  # check's own toggle
     with toggled(NAME, True) as state:
         out["state_on"] = str(state)
         out["wrapped_on"] = {c.__name__: core.is_wrapped(vars(c)["merge"]) for c in owners}
         out["hardened"] = battery(found)
-    from kimi_hotfix.preflight import toggled  # check's own toggle
+    from kimi_hotfix.tools.preflight import toggled  # check's own toggle
     with toggled(NAME, False) as state:
         out["state_off"] = str(state)
         codes = fresh_codes(kvi)

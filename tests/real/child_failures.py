@@ -48,10 +48,10 @@ def kda(core):
         builder = probe.make_builder(**SEED)
         return _outcome(lambda: probe.serialize_metadata(builder.build(*probe.build_args(*within))))
 
-    from kimi_hotfix.preflight import toggled  # check's own toggle
+    from kimi_hotfix.tools.preflight import toggled  # check's own toggle
     with toggled(patch.PATCH.name, True):
         result = _swapped(patch, "route_overlong_rows", calls)
-    from kimi_hotfix.preflight import toggled  # check's own toggle
+    from kimi_hotfix.tools.preflight import toggled  # check's own toggle
     with toggled(patch.PATCH.name, False):
         unpatched = own()
     return {"calls": [c[:2] if c[0] == "ok" else c for c in result], "own_within": unpatched[:2]}
@@ -79,7 +79,7 @@ def kv(core):
                         "vllm_own": _outcome(lambda s=specs: repr(own(s)))[:2]})
         return out
 
-    from kimi_hotfix.preflight import toggled  # check's own toggle
+    from kimi_hotfix.tools.preflight import toggled  # check's own toggle
     with toggled(patch.PATCH.name, True):
         return _swapped(patch, "_with_group_capability", calls)
 
@@ -92,10 +92,10 @@ def capture(core):
         result = probe.capture_plan(**SEED)
         return {k: result[k] for k in ("largest_mixed", "capture_descs", "candidates")}
 
-    from kimi_hotfix.preflight import toggled  # check's own toggle
+    from kimi_hotfix.tools.preflight import toggled  # check's own toggle
     with toggled(patch.PATCH.name, False):
         own = plan()
-    from kimi_hotfix.preflight import toggled  # check's own toggle
+    from kimi_hotfix.tools.preflight import toggled  # check's own toggle
     with toggled(patch.PATCH.name, True):
         failing = _outcome(lambda: _swapped(patch, "clamped_view", plan))
         read_only = _outcome(lambda: _read_only_manager(plan))
@@ -103,7 +103,7 @@ def capture(core):
         own_raise = _vllm_raises()
         own_raise["failures_counted"] = (core.states()[patch.PATCH.name].as_dict()["failures"]
                                          - counted)
-    from kimi_hotfix.preflight import toggled  # check's own toggle
+    from kimi_hotfix.tools.preflight import toggled  # check's own toggle
     with toggled(patch.PATCH.name, False):
         own_raise_unpatched = _vllm_raises()
     return {"vllm_own": own, "failing": failing, "read_only": read_only,
@@ -200,8 +200,7 @@ def strict(core, fn):
     variable), put back after. It saves a process of its own (issue 30)."""
     import dataclasses
 
-    from kimi_hotfix import state
-
+    from kimi_hotfix.runtime import state
     cfg = state.config()
     state.configure(dataclasses.replace(cfg, strict=True), {})
     try:

@@ -4,7 +4,7 @@
 ``KIMI_HOTFIX=0`` (harness.PLAN's ``off`` configurations, seed 0): the shim arms
 nothing by itself, so vLLM runs as released. "With" parity, this module gives
 the modules a case runs their plain code in place, as -O parity does for a
-module imported before the shim armed (kimi_hotfix.parity.swap: the late
+module imported before the shim armed (kimi_hotfix.runtime.parity.swap: the late
 path, checked by Python's rule for bytecode), and puts vLLM's code back after
 each case. It runs last in the child: it leaves a one-process gloo world.
 Alone, ``python [-O] tests/real/child_o_parity.py`` prints one ``KIMI_JSON:`` line.
@@ -64,11 +64,10 @@ def outcome(call):
 
 def with_parity(modules, call):
     """``call()`` with the functions of ``modules`` given their plain code in
-    place (kimi_hotfix.parity.swap); vLLM's own code back after."""
+    place (kimi_hotfix.runtime.parity.swap); vLLM's own code back after."""
     import importlib
 
-    from kimi_hotfix import parity
-
+    from kimi_hotfix.runtime import parity
     report = parity.Report()
     done = len(parity._swaps)
     for name in modules:
@@ -213,7 +212,7 @@ def _planner():
 def _decide():
     import vllm
 
-    from kimi_hotfix.parity_probe import PROBE
+    from kimi_hotfix.tools.parity_probe import PROBE
 
     decision = PROBE.check(vllm, sys.flags.optimize)
     return {PROBE.name: {"verdict": decision.verdict, "reason": decision.reason}}
@@ -223,7 +222,7 @@ def _decide():
 def _probes():
     from vllm.distributed import parallel_state
 
-    from kimi_hotfix.parity_probe import PROBE
+    from kimi_hotfix.tools.parity_probe import PROBE
 
     saved_world = parallel_state._WORLD
     parallel_state._WORLD = None  # the probe's getter case wants no distributed state

@@ -33,7 +33,7 @@ STDLIB = ("logging", "ast", "inspect", "dataclasses", "argparse", "json", "textw
           "contextlib", "threading", "site", "importlib.metadata", "importlib.util", "atexit",
           "wrapt")
 # prometheus_client: a vLLM server's processes import it (vllm.v1.metrics), and the
-# shim's serving side (kimi_hotfix.scrape) loads there
+# shim's serving side (kimi_hotfix.runtime.scrape) loads there
 REAL_TARGETS = ("vllm", "vllm.v1.kv_cache_interface", "vllm.config.vllm",
                 "vllm.distributed.parallel_state", "prometheus_client")
 PLUGIN_TARGETS = REAL_TARGETS + ("vllm.v1.worker.gpu.cudagraph_utils",
@@ -153,7 +153,7 @@ def child(config, case, tree, base):
     out = dict(case, import_error=None, import_traceback="", works=None, states=None)
     if not case["strict"] and config["opt"] == "plain":
         out["status"] = run_status(tree, base)
-    armed_before = "kimi_hotfix.core" in sys.modules
+    armed_before = "kimi_hotfix.runtime.core" in sys.modules
     try:
         if mode == "plugin":
             importlib.import_module("vllm.plugins").load_general_plugins()
@@ -171,7 +171,7 @@ def child(config, case, tree, base):
             out["works"] = repr(works(target))
         except BaseException as exc:
             out["works"] = f"raised {type(exc).__name__}: {exc}"
-    core = sys.modules.get("kimi_hotfix.core")
+    core = sys.modules.get("kimi_hotfix.runtime.core")
     if core is not None:
         out["states"] = {name: str(s) for name, s in core.states().items()}
     out["loaded"] = tree_files(tree)
@@ -233,7 +233,7 @@ def fork_safety(config):
 
     holds = forks.locks()
     # a lock a fork used to hang on, and parity's (every lock: tests/unit/test_fork_safety.py)
-    order = ["wrapt.importer._post_import_hooks_lock", "kimi_hotfix.parity._lock"]
+    order = ["wrapt.importer._post_import_hooks_lock", "kimi_hotfix.runtime.parity._lock"]
     results = [forks.fork_while_held(name, holds[name], work) for name in order]
     parent = {"late_imported": LATE in sys.modules}
     importlib.import_module(LATE)

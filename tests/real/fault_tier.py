@@ -71,7 +71,7 @@ SKIPPED_DIRS = ("kimi_hotfix/_vendor/",)
 # where one cannot run, Python's own error (naming it) is all there is
 STATUS_ENTRY = ("kimi_hotfix/__init__.py", "kimi_hotfix/__main__.py")
 # files whose absence the shim allows by design: a patch that is one module has
-# no covers.py (kimi_hotfix/audit/reviewed.py); missing, nothing is broken
+# no covers.py (kimi_hotfix/tools/audit/reviewed.py); missing, nothing is broken
 OPTIONAL = re.compile(r"kimi_hotfix/patches/[^/]+/covers\.py$")
 
 
@@ -258,7 +258,7 @@ def problems(case: dict, baseline: dict, status: bool = True) -> list:
         if case["states"] is not None:
             found.append("the host could not load the shim, yet it has states")
     elif how == "inactive":
-        inactive = [line for line in warnings if "inactive: cannot load kimi_hotfix.core" in line]
+        inactive = [line for line in warnings if "inactive: cannot load kimi_hotfix.runtime.core" in line]
         if len(inactive) != 1 or not names_cause(inactive[0], rel):
             found.append(f"not one INACTIVE line naming the cause: {inactive}")
     else:

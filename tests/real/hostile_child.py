@@ -101,8 +101,7 @@ def changed_source(case):
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()
-    from kimi_hotfix import core
-
+    from kimi_hotfix.runtime import core
     out["late_state"] = str(core.parity_state())
     try:
         out["late_call"] = repr(ps.get_inner_dp_world_group())
@@ -140,8 +139,7 @@ def run_case(case):
         subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
                         f'mkdir -m 777 "{pod}" && ln -s "{case["clean_and_plant"]}" "{link}"'],
                        check=True)
-        from kimi_hotfix import core
-
+        from kimi_hotfix.runtime import core
         core.undo("kv_spec_merge")  # a change of the states: the exporter writes again
         core.reapply("kv_spec_merge")
     text = scrape(multiprocess)

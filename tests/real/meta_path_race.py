@@ -58,5 +58,5 @@ else:
     out["parked"] = parked.wait(30)
 removed.set()
 thread.join(60)
-out["shim_armed"] = "kimi_hotfix.core" in sys.modules
+out["shim_armed"] = "kimi_hotfix.runtime.core" in sys.modules
 print("KIMI_JSON:" + json.dumps(out))

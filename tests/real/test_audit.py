@@ -37,7 +37,7 @@ WITH_TESTS = "0.29.0"  # the release whose sdist's tests the audit scans too (--
 
 RUN = r"""
 import contextlib, io, json, sys
-from kimi_hotfix import cli
+from kimi_hotfix.tools import cli
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf):
     rc = cli.main(["audit", "--json", *sys.argv[1:]])
@@ -257,8 +257,8 @@ def test_docs_tables_are_current(release, monkeypatch):
     the generator's own text, from the cold audits above (each release's
     interpreter, an empty cache: what ``audit.run(root, use_cache=False)``, which
     the generator calls, finds; the warm run agrees) rather than three more scans."""
-    from kimi_hotfix import audit
-    from kimi_hotfix.audit import docs
+    from kimi_hotfix.tools import audit
+    from kimi_hotfix.tools.audit import docs
 
     text = (REPO / "docs" / "audit.md").read_text()
     begin, end = text.index(docs.BEGIN) + len(docs.BEGIN) + 1, text.index(docs.END)
@@ -273,7 +273,7 @@ def test_docs_tables_are_current(release, monkeypatch):
     roots = {r: str(vllm_location(venv_python(r)) / "vllm") for r in ("0.29.0", "0.30.0", "0.33.0")}
     tests = {WITH_TESTS: str(sdist_tests())}
     assert text[begin:end] == docs.generated(roots, tests), (
-        "regenerate: python -m kimi_hotfix.audit.docs docs/audit.md 0.29.0=DIR 0.30.0=DIR "
+        "regenerate: python -m kimi_hotfix.tools.audit.docs docs/audit.md 0.29.0=DIR 0.30.0=DIR "
         "0.33.0=DIR --tests 0.29.0=SDIST/tests")
     assert [kwargs for _, kwargs in scanned] == [{"tests": tests[WITH_TESTS], "use_cache": False},
                                                  {"use_cache": False}, {"use_cache": False}]

@@ -51,7 +51,7 @@ NO_WRAPT = "ModuleNotFoundError: No module named 'wrapt'"
 # code's ``import wrapt`` gives (last: it may load a top-level wrapt).
 PROBE = f"""
 def wrapt_probe():
-    from kimi_hotfix import state
+    from kimi_hotfix.runtime import state
     private = sys.modules.get({PRIVATE!r})
     out = {{
         "top_level_modules": sorted(m for m in sys.modules if m.split(".")[0] == "wrapt"),
@@ -139,7 +139,7 @@ def check_manifest_and_tarball(bundle, archive, version):
     assert wrapt["checked"]["top_level_wrapt_imported"] is False
     assert manifest["bytecode"]["optimize_levels"] == [0, 1, 2]
     files = manifest["files"]
-    for rel in ("sitecustomize.py", "kimi_hotfix/core.py", "kimi_hotfix/_wrapt.py",
+    for rel in ("sitecustomize.py", "kimi_hotfix/runtime/core.py", "kimi_hotfix/runtime/_wrapt.py",
                 "kimi_hotfix/_vendor/__init__.py", "kimi_hotfix/_vendor/wrapt/__init__.py",
                 f"{wrapt['dist_info']}/METADATA", f"{wrapt['dist_info']}/licenses/LICENSE"):
         assert rel in files, rel
@@ -268,7 +268,7 @@ def test_bundle_leaves_the_containers_wrapt_1_14_alone(tmp_path, release, bundle
     # status: the private copy, named and not imported
     code = (
         "import io, sys\n"
-        "from kimi_hotfix.status import print_status, status_report\n"
+        "from kimi_hotfix.tools.status import print_status, status_report\n"
         "report = status_report()\n"
         "text = io.StringIO(); print_status(report, text)\n"
         + PRELUDE
@@ -280,7 +280,7 @@ def test_bundle_leaves_the_containers_wrapt_1_14_alone(tmp_path, release, bundle
     assert out["wrapt"] == {"installed": True, "version": manifest["wrapt"]["version"], "source": "vendored",
                             "path": str(bundle / "kimi_hotfix" / "_vendor" / "wrapt")}
     assert "private copy" in out["line"][0], out["line"]
-    assert out["loaded"] == ["kimi_hotfix._wrapt"]
+    assert out["loaded"] == ["kimi_hotfix.runtime._wrapt"]
 
 
 def test_bundle_with_the_containers_wrapt_2_already_imported(tmp_path, release, bundle_for):
@@ -342,8 +342,7 @@ def test_bundle_with_real_vllm_in_a_venv_without_wrapt(tmp_path, release, bundle
 def test_repository_keeps_wrapt_a_plain_dependency(release):
     """The checkout and the pip package use the top-level wrapt: no _vendor in
     git (ignored, and left out of the package), wrapt in install_requires."""
-    from kimi_hotfix import _wrapt
-
+    from kimi_hotfix.runtime import _wrapt
     assert not (REPO / "kimi_hotfix" / "_vendor").exists()
     tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "kimi_hotfix/_vendor"],
                              capture_output=True, text=True, check=True).stdout
@@ -357,7 +356,7 @@ def test_repository_keeps_wrapt_a_plain_dependency(release):
     import wrapt
 
     assert _wrapt.load() is wrapt
-    from kimi_hotfix.status import find_wrapt
+    from kimi_hotfix.tools.status import find_wrapt
 
     found = find_wrapt()
     assert found["source"] == "top-level" and found["path"] == str(Path(wrapt.__file__).parent)

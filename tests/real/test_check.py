@@ -209,7 +209,7 @@ def test_strict_mode_raises_when_a_check_cannot_tell(release):
     (a process of its own before issue 30); that strict mode's error fails the
     import itself is the shim's mechanics (tests/unit/test_states.py)."""
     raised = child(release, "ctor", "plain")["strict_cannot_tell"]
-    assert raised.startswith("kimi_hotfix.base.KimiHotfixError: kv_spec_merge: cannot tell "
+    assert raised.startswith("kimi_hotfix.runtime.base.KimiHotfixError: kv_spec_merge: cannot tell "
                              "whether it is needed: its check raised TypeError"), raised
 
 

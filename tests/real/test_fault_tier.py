@@ -139,7 +139,7 @@ def test_healthy_runs_and_every_loaded_file_is_a_case(release, target, opt):
         if opt == "plain":  # (status runs in the plain drivers)
             # what a vLLM process loads of the shim, status loads too (it sees it broken) ...
             assert vllm - set(ft.ENTRY[mode]) <= status, mode
-        assert {"kimi_hotfix/core.py", "kimi_hotfix/registry.py"} <= vllm
+        assert {"kimi_hotfix/runtime/core.py", "kimi_hotfix/runtime/registry.py"} <= vllm
         # ... and every file of the shim either loads is a candidate, run as the plan says
         assert files["cases"] == sorted(vllm | status)
         ran = {(c["rel"], c["fault"], c["strict"]) for c in out["cases"] if c["mode"] == mode}

@@ -36,7 +36,8 @@ pytestmark = pytest.mark.releases("0.29.0")
 DEPLOY = REPO / "deploy" / "kubernetes"
 MOUNT = "/opt/kimi-hotfix"
 TOP = "kimi-hotfix"
-VERSION = re.search(r'^SHIM = "([^"]+)"', (REPO / "kimi_hotfix" / "versions.py").read_text(), re.M)[1]
+VERSIONS_PY = REPO / "kimi_hotfix" / "runtime" / "versions.py"
+VERSION = re.search(r'^SHIM = "([^"]+)"', VERSIONS_PY.read_text(), re.M)[1]
 THIS = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
@@ -171,12 +172,12 @@ def test_the_recipe_steps_run_on_a_real_bundle(built, deployment, tmp_path):
     assert "active     arms when vLLM is imported (via sitecustomize and vLLM plugin)" in ok.stdout
     wrong = run_verify("0" * 64)
     assert wrong.returncode == 1 and "not the pinned" in wrong.stderr, wrong.stderr
-    target = volume / "kimi_hotfix" / "core.py"
+    target = volume / "kimi_hotfix" / "runtime" / "core.py"
     target.write_text(target.read_text() + "\n# changed\n")
     changed = run_verify(real_pin)
     assert changed.returncode == 1
-    assert "changed since the pinned build: ['kimi_hotfix/core.py']" in changed.stderr
-    shutil.copy2(bundle / "kimi_hotfix" / "core.py", target)
+    assert "changed since the pinned build: ['kimi_hotfix/runtime/core.py']" in changed.stderr
+    shutil.copy2(bundle / "kimi_hotfix" / "runtime" / "core.py", target)
     (volume / "kimi_hotfix" / "extra.py").write_text("")
     extra = run_verify(real_pin)
     assert extra.returncode == 1 and "extra ['kimi_hotfix/extra.py']" in extra.stderr

@@ -33,7 +33,7 @@ def test_fork_while_each_lock_is_held_on_real_vllm(release):
     assert parent["getter"] == refused  # under -O: parity's plain bytecode
     assert parent["states"]["kda_overlong_rows"] == "applied"
     assert [r["lock"] for r in out["results"]] == ["wrapt.importer._post_import_hooks_lock",
-                                                   "kimi_hotfix.parity._lock"]
+                                                   "kimi_hotfix.runtime.parity._lock"]
     for result in out["results"]:
         assert result.get("error") is None, result
         assert result["hung"] is False, f"the child blocked on {result['lock']}"

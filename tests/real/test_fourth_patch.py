@@ -30,9 +30,7 @@ Upstream: none. Needed when: always (a stand-in).
 
 import importlib
 
-from kimi_hotfix import patching, wrapping
-
-
+from kimi_hotfix.runtime import patching, wrapping
 class FourthPatch(patching.Patch):
     name = "fourth_standin"
     target = "vllm.v1.core.kv_cache_utils"

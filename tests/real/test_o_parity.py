@@ -1,4 +1,4 @@
-"""The -O hazards that -O parity (kimi_hotfix.parity) covers, on the real wheels.
+"""The -O hazards that -O parity (kimi_hotfix.runtime.parity) covers, on the real wheels.
 
 Per (release, plain or -O), the child that runs with the shim off
 (KIMI_HOTFIX=0, harness.PLAN's ``off`` seed 0) computes these cases last, in

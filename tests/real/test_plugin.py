@@ -58,7 +58,7 @@ def installed(tmp_path_factory):
 
 def test_pip_install_lays_out_the_package_and_entry_point(release, installed):
     python, site = installed
-    assert (site / "kimi_hotfix" / "core.py").is_file()
+    assert (site / "kimi_hotfix" / "runtime" / "core.py").is_file()
     assert not (site / "sitecustomize.py").exists()  # never hijack the image's sitecustomize
     dist = [p for p in site.glob("kimi_hotfix-*.dist-info")]
     assert len(dist) == 1

@@ -291,7 +291,7 @@ other_library.register_first()  # before vLLM arms the shim: these hooks run bef
 import vllm
 import vllm.distributed.parallel_state
 import vllm.v1.kv_cache_interface
-from kimi_hotfix import core
+from kimi_hotfix.runtime import core
 print("KIMI_JSON:" + json.dumps(other_library.phases(core, first=True)))
 """
 

@@ -112,7 +112,7 @@ class VllmWorker:
         import vllm.v1.kv_cache_interface as kv
 
         self.wrapper = RayWorkerWrapper(rpc_rank=0)
-        self.before = {"core": "kimi_hotfix.core" in sys.modules,
+        self.before = {"core": "kimi_hotfix.runtime.core" in sys.modules,
                        "wrapped": hasattr(vars(kv.MLAAttentionSpec)["merge"], "_self_kimi_hotfix_patch")}
 
     def init_worker(self):

@@ -21,7 +21,7 @@ import os
 
 import pytest
 
-from kimi_hotfix import recompile
+from kimi_hotfix.runtime import recompile
 
 from harness import UPSTREAM_PATCH, child, reference, upstream_overlay
 

@@ -11,7 +11,7 @@ import json
 import sys
 import threading
 
-from kimi_hotfix import patching, registry, state, wrapping
+from kimi_hotfix.runtime import patching, registry, state, wrapping
 
 MODULE = ("class Thing:\n    def first(self):\n        return 'original'\n"
           "    def second(self):\n        return 'original'\n")

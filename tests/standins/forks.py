@@ -28,8 +28,7 @@ def _hold_with(lock_getter):
 
 
 def _wrapt_lock():
-    from kimi_hotfix import _wrapt
-
+    from kimi_hotfix.runtime import _wrapt
     return sys.modules[_wrapt.load().__name__ + ".importer"]._post_import_hooks_lock
 
 
@@ -49,12 +48,11 @@ class _HandlerLock:
 
 def locks():
     """{lock: hold(reached, go)}."""
-    from kimi_hotfix import parity, state, wrapping
-
+    from kimi_hotfix.runtime import parity, state, wrapping
     return {
-        "kimi_hotfix.state._lock": _hold_with(state.lock),
-        "kimi_hotfix.wrapping._install_lock": _hold_with(lambda: wrapping._install_lock),
-        "kimi_hotfix.parity._lock": _hold_with(lambda: parity._lock),
+        "kimi_hotfix.runtime.state._lock": _hold_with(state.lock),
+        "kimi_hotfix.runtime.wrapping._install_lock": _hold_with(lambda: wrapping._install_lock),
+        "kimi_hotfix.runtime.parity._lock": _hold_with(lambda: parity._lock),
         "wrapt.importer._post_import_hooks_lock": _hold_with(_wrapt_lock),
         "logging.Handler.lock (kimi_hotfix's handler)": _hold_with(_HandlerLock),
     }

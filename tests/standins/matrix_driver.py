@@ -46,8 +46,7 @@ def guard_outcome():
 
 def state():
     """-O parity's state and the loader of the module, in this process."""
-    from kimi_hotfix import core
-
+    from kimi_hotfix.runtime import core
     module = sys.modules.get(MODULE)
     loader = type(getattr(getattr(module, "__spec__", None), "loader", None)).__name__
     return {"o_parity": str(core.parity_state()), "loader": loader,
@@ -85,7 +84,6 @@ def cell(start, tree, result, standins):
         sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "VllmImportTrigger"]
         __import__(MODULE)
         from kimi_hotfix import plugin
-
         plugin.register()  # what vLLM's plugin loader calls
         return report()
     import vllm  # noqa: F401 (the bootstrap arms the shim here)

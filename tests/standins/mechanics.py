@@ -17,7 +17,7 @@ JSON_MARK = "KIMI_JSON:"
 
 def wrapped_layers(module):
     """{"Class.attr": {"patch": name, "layers": n}} for marked attributes."""
-    from kimi_hotfix.wrapping import MARKER
+    from kimi_hotfix.runtime.wrapping import MARKER
 
     found = {}
     owners = [(module.__name__, module)] + [
@@ -36,8 +36,7 @@ def wrapped_layers(module):
 
 def recorded(core=None):
     """{"Class.attr": patch} from the shim's own undo records."""
-    from kimi_hotfix import state
-
+    from kimi_hotfix.runtime import state
     return {
         f"{rec.owner.__name__}.{rec.attr}": name
         for name, recs in state.all_records().items()
@@ -47,8 +46,7 @@ def recorded(core=None):
 
 def report(**extra):
     """State of the shim in this process, for every loaded target module."""
-    from kimi_hotfix import core
-
+    from kimi_hotfix.runtime import core
     wrapped = {}
     for patch in core.patches().values():
         module = sys.modules.get(patch.target)

@@ -16,7 +16,7 @@ from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python
 CHILD = f"import sys\nsys.path.append({str(STANDINS)!r})\n" + r'''
 import fakes
 from fakes import Fake
-from kimi_hotfix import base, core, registry, patching
+from kimi_hotfix.runtime import base, core, registry, patching
 fakes.register(Fake("needed", patching.needed("the bug is there")), Fake("other", patching.fixed("fine")))
 registry.add(patching.Unloadable("broken", ImportError("no such file")))
 try:

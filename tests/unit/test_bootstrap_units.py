@@ -54,7 +54,7 @@ def test_inactive_logs_one_line_and_says_whether_to_raise(boot, monkeypatch, cap
     monkeypatch.delenv("KIMI_HOTFIX_LOG_LEVEL", raising=False)
     assert boot.inactive(ImportError("no wrapt")) is strict
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.endswith(" WARNING kimi-hotfix inactive: cannot load kimi_hotfix.core "
+    assert line.endswith(" WARNING kimi-hotfix inactive: cannot load kimi_hotfix.runtime.core "
                          "(ImportError('no wrapt')); vLLM runs unpatched")
     assert " kimi-hotfix[" in line
 

@@ -140,8 +140,7 @@ def test_the_private_wrapt_comes_from_a_lock_with_every_wheels_hash():
     import importlib.util
     import re
 
-    from kimi_hotfix import _wrapt
-
+    from kimi_hotfix.runtime import _wrapt
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         import venvlock

@@ -1,4 +1,4 @@
-"""The environment contract (kimi_hotfix.config.parse), in process: no vLLM.
+"""The environment contract (kimi_hotfix.runtime.config.parse), in process: no vLLM.
 
 The same parser runs when vLLM is imported (tests/unit/test_faults.py checks the
 logged warnings in child interpreters, one per variable)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kimi_hotfix import config
+from kimi_hotfix.runtime import config
 
 NAMES = ("kv_spec_merge", "capture_workspace", "kda_overlong_rows")
 

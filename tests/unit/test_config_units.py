@@ -1,9 +1,9 @@
-"""kimi_hotfix.config: the warnings' wording for one unknown name and for the
+"""kimi_hotfix.runtime.config: the warnings' wording for one unknown name and for the
 pod-files switch (the rest of the contract: test_config.py)."""
 
 from __future__ import annotations
 
-from kimi_hotfix import config
+from kimi_hotfix.runtime import config
 
 NAMES = ("kv_spec_merge", "capture_workspace")
 

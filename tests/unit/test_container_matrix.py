@@ -5,7 +5,7 @@ The fault tier asks what happens when the shim's own files break; this asks the
 same of the container around vLLM. Cells are generated from the tables below,
 the full product, and each cell has one expected outcome, computed by
 ``expected`` from the rules Python itself follows (which ``.pyc`` it runs:
-kimi_hotfix.bytecode) and from what -O parity promises:
+kimi_hotfix.runtime.bytecode) and from what -O parity promises:
 
 - plain Python: vLLM's asserts are live; parity reads ``not affected``;
 - under -O (``-O``, ``-OO``, ``PYTHONOPTIMIZE``), armed before vLLM's modules
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_hotfix import bytecode as pyc_rule
+from kimi_hotfix.runtime import bytecode as pyc_rule
 
 from helpers import REPO, STANDINS, hermetic_env
 

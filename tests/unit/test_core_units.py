@@ -1,4 +1,4 @@
-"""kimi_hotfix.outcome.decide in-process: what a patch's check gives, turned into
+"""kimi_hotfix.runtime.outcome.decide in-process: what a patch's check gives, turned into
 the decision the core acts on (arming and settling: test_states.py, in
 children)."""
 
@@ -11,7 +11,7 @@ import pytest
 sys.path.append(str(__import__("helpers").STANDINS))
 from fakes import Fake  # noqa: E402
 
-from kimi_hotfix import base, outcome, patching  # noqa: E402
+from kimi_hotfix.runtime import base, outcome, patching  # noqa: E402
 
 
 def test_a_check_that_returns_no_decision_cannot_tell_and_says_what_it_returned():

@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from kimi_hotfix.config import printable
+from kimi_hotfix.runtime.config import printable
 
 from helpers import (
     PATCHES,
@@ -51,7 +51,7 @@ NOT_LOADED = (
 )
 STATUS_VIA_API = (
     f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-    "from kimi_hotfix.cli import main\n"
+    "from kimi_hotfix.tools.cli import main\n"
     "sys.exit(main(['status', '--json']))\n"
 )
 
@@ -129,7 +129,7 @@ def test_wrapt_missing_one_warning_shim_inactive_host_runs(no_wrapt_python):
     proc = run_python(["-c", "import vllm\nprint('not reached')\n"], python=no_wrapt_python,
                       env=strict, check=False)
     assert proc.returncode == 1 and "not reached" not in proc.stdout
-    assert "kimi_hotfix.base.KimiHotfixError: wrapt is not installed" in proc.stderr
+    assert "kimi_hotfix.runtime.base.KimiHotfixError: wrapt is not installed" in proc.stderr
 
 
 # -- vLLM missing ------------------------------------------------------------------
@@ -200,7 +200,7 @@ def test_target_symbol_missing_strict_raises_at_import():
     proc = run_python(["-c", "import vllm.v1.kv_cache_interface\nprint('not reached')"],
                       env=env, check=False)
     assert proc.returncode == 1 and "not reached" not in proc.stdout
-    assert ("kimi_hotfix.base.KimiHotfixError: kv_spec_merge: "
+    assert ("kimi_hotfix.runtime.base.KimiHotfixError: kv_spec_merge: "
             "vllm.v1.kv_cache_interface.KVCacheSpec not found") in proc.stderr
 
 
@@ -228,7 +228,7 @@ VALID_LISTED = {
 }
 ARM_ONLY = (
     "import kimi_hotfix\n"
-    "from kimi_hotfix import core\n"
+    "from kimi_hotfix.runtime import core\n"
     "kimi_hotfix.arm()\n"
     "cfg = core.current_config()\n"
     "import json\n"
@@ -307,7 +307,7 @@ def test_garbage_in_each_variable(var, kind):
 # -- a broken install (the package cannot load) ----------------------------------------
 
 INACTIVE_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} kimi-hotfix\[(\d+)\] WARNING "
-                           r"kimi-hotfix inactive: cannot load kimi_hotfix\.core \((.*)\); "
+                           r"kimi-hotfix inactive: cannot load kimi_hotfix\.runtime\.core \((.*)\); "
                            r"vLLM runs unpatched$")
 # the plugin's entry point, called the way vLLM's load_general_plugins() calls it
 PLUGIN_ENTRY = ("import vllm.v1.kv_cache_interface\n"
@@ -328,7 +328,7 @@ def test_broken_install_says_inactive_and_strict_fails_the_import(tmp_path, entr
                     ignore=shutil.ignore_patterns("__pycache__", "_vendor"))
     if entry == "sitecustomize":
         shutil.copy2(REPO / "sitecustomize.py", shim / "sitecustomize.py")
-    (shim / "kimi_hotfix" / "core.py").write_text("def arm(:\n")  # truncated on copy
+    (shim / "kimi_hotfix" / "runtime" / "core.py").write_text("def arm(:\n")  # truncated on copy
     env = hermetic_env(KIMI_HOTFIX_STRICT="1" if strict else None)
     env["PYTHONPATH"] = os.pathsep.join([str(shim), str(STANDINS / "vllm_complete")])
     code = ("import vllm.v1.kv_cache_interface\nprint('vLLM imported')\n"

@@ -1,6 +1,6 @@
 """The gates (issue 21 item 5), without vLLM: the exit codes of the commands.
 
-One table, ``kimi_hotfix.cli.EXIT_CODES``, is what ``--help`` prints and what the
+One table, ``kimi_hotfix.tools.cli.EXIT_CODES``, is what ``--help`` prints and what the
 README's exit-code table is generated from; these tests hold the three together
 and check that the commands exit with those codes:
 
@@ -37,8 +37,7 @@ def squash(text: str) -> str:
 
 
 def test_help_and_readme_show_the_codes_the_code_uses():
-    from kimi_hotfix import cli, docs
-
+    from kimi_hotfix.tools import cli, docs
     readme = (REPO / "README.md").read_text()
     block = re.search(r"<!-- exit-table -->\n(.*?)<!-- /exit-table -->", readme, re.S)
     assert block and block.group(1) == docs.exit_table(), "run scripts/docs --table"
@@ -95,7 +94,7 @@ def test_deployment_is_what_status_gates_on(stand_in_vllm):
     """check asks ``status.deployment()`` whether anything but itself arms the
     shim: the same answer as status's ``active``, in a process started each way."""
     code = (f"import json, sys\nsys.path.insert(0, {str(REPO)!r})\n"
-            "from kimi_hotfix import status\n"
+            "from kimi_hotfix.tools import status\n"
             "print(json.dumps([status.deployment(), status.status_report()['active']]))\n")
     path = os.pathsep.join([str(REPO), str(stand_in_vllm)])
     for env, active in ((hermetic_env(PYTHONPATH=path), True),
@@ -130,8 +129,8 @@ NO_DEVICE = ("RuntimeError: Failed to infer device type, please set the environm
 
 
 def entry(without, with_, **extra):
-    from kimi_hotfix import preflight
-    from kimi_hotfix.base import Kind, State
+    from kimi_hotfix.runtime.base import Kind, State
+    from kimi_hotfix.tools import preflight
 
     e = {"name": "kv_spec_merge", "without": without, "with": with_, "state_with": "applied",
          "failures_with": None, "problems": [], "notes": [],
@@ -156,14 +155,13 @@ FOUND = {"set_by_check": False}
 
 
 def outcome(results, levels_, deployment, found=FOUND):
-    from kimi_hotfix import preflight
-
+    from kimi_hotfix.tools import preflight
     problems = [f"{r['name']}: {p}" for r in results for p in r["problems"]]
     return preflight.outcome(results, problems, levels_, deployment, found)
 
 
 def test_a_probe_without_a_device_exits_2_naming_the_fix_and_claims_nothing():
-    from kimi_hotfix import preflight
+    from kimi_hotfix.tools import preflight
 
     # the shape the real 0.29.0 probe has: some cases fail for want of a device
     device_case = {"ok": False, "error": None, "detail": f"mla_target_draft: groups: {NO_DEVICE}",

@@ -1,6 +1,6 @@
 """The pod files against a hostile host (issue 28), shim mechanics without vLLM.
 
-The exporter's own file handling (kimi_hotfix.metrics), in this process, on
+The exporter's own file handling (kimi_hotfix.runtime.metrics), in this process, on
 directories made here; the real vLLM processes, other pid namespaces and
 another uid: tests/real/test_hostile.py; two real servers in two pid
 namespaces: tests/e2e (``sfe-O`` and ``mla-O-spawn``).
@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_hotfix import metrics, scrape
+from kimi_hotfix.runtime import metrics, scrape
 
 from helpers import REPO, STANDINS, hermetic_env
 
@@ -154,7 +154,7 @@ def test_the_sweep_removes_only_this_users_dead_pod_directories(entries):
 
 CREATOR = """
 import sys, time
-from kimi_hotfix import metrics
+from kimi_hotfix.runtime import metrics
 metrics._open_pod()
 print(metrics._pod, flush=True)
 time.sleep(120)
@@ -204,7 +204,7 @@ def test_a_pod_directory_of_another_user_or_through_a_link_is_never_used(tmp_pat
 
 
 AUDIT = ("import sys, json; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-         "from kimi_hotfix.audit import scan\n"
+         "from kimi_hotfix.tools.audit import scan\n"
          "r = scan.scan(use_cache=True)\n"
          "print('KIMI_JSON:' + json.dumps(dict(r['cache'], hits=r['cache_hits'])))\n")
 

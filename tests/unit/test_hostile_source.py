@@ -11,7 +11,7 @@ upgrade of a running image):
 - a default value changed on disk after the import: refused (it is compared);
 - an ``assert`` changed on disk after the import: under -O the running code has
   no assert to compare it with, so -O parity (giving a module imported before
-  the shim armed its plain code in place: kimi_hotfix.parity.swap) refuses
+  the shim armed its plain code in place: kimi_hotfix.runtime.parity.swap) refuses
   when the ``.py`` is not the source of the running code: it changed after the
   process started, with or without bytecode written (``-B``). In plain Python
   the recompile's byte-for-byte check refuses it;
@@ -59,8 +59,8 @@ CHILD = r'''
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
 import target
-from kimi_hotfix import parity, recompile
-from kimi_hotfix.base import PatchError
+from kimi_hotfix.runtime import parity, recompile
+from kimi_hotfix.runtime.base import PatchError
 
 change = sys.argv[2]
 out = {"seen_after_import": list(target.SEEN)}

@@ -1,8 +1,13 @@
 """The package's import graph, read statically (ast: nothing of the package is imported), and its
-rules, one test each: no cycle anywhere; runtime and patch-side modules never import a tool; patch
-side never imports FORBIDDEN_FOR_PATCHES; kimi_hotfix.state imports only kimi_hotfix.base and the
-stdlib; sitecustomize.py only kimi_hotfix.core, and nothing but ``sys`` at module level. Each rule
-is a checker (root -> problems), shown to catch a violation injected into a copy of the tree.
+rules, one test each. The folders are the architecture (issue 39): kimi_hotfix/runtime/ is what a
+vLLM process loads, kimi_hotfix/tools/ what the commands load, kimi_hotfix/patches/<name>/ one
+patch (its __init__ the runtime side; probe.py and standins.py the tools' and the tests'); at the
+top only the package's API, the plugin entry point and ``python -m``'s. Rules: no module outside
+those places; no cycle anywhere; runtime and patch modules never import a tool (a probe is one);
+patches (and their probes) never import FORBIDDEN_FOR_PATCHES; kimi_hotfix.runtime.state imports
+only kimi_hotfix.runtime.base and the stdlib; sitecustomize.py only kimi_hotfix.runtime.core, and
+nothing but ``sys`` at module level. Each rule is a checker (root -> problems), shown to catch a
+violation injected into a copy of the tree.
 
 Nodes: the module files under kimi_hotfix/ (not _vendor/, __pycache__). Edges: every import anywhere
 in a file (functions, if/try blocks too) and ``import_module("literal")``, resolved to the module
@@ -27,15 +32,15 @@ import pytest
 from helpers import REPO
 
 PKG = "kimi_hotfix"
-STATE, CORE, BASE = f"{PKG}.state", f"{PKG}.core", f"{PKG}.base"
+RUNTIME, TOOLS, PATCHES = f"{PKG}.runtime", f"{PKG}.tools", f"{PKG}.patches"
+STATE, CORE, BASE = f"{RUNTIME}.state", f"{RUNTIME}.core", f"{RUNTIME}.base"
 SKIP_DIRS = ("_vendor", "__pycache__")
-# tools: these, and kimi_hotfix.audit with all under it (exitcodes is not one: a leaf they share)
-TOOLS = frozenset(f"{PKG}.{m}" for m in ("cli", "preflight", "status", "docs", "__main__"))
-# patch side: kimi_hotfix.patches and all under it (probes too), and these helpers
-PATCH_HELPERS = frozenset(f"{PKG}.{m}" for m in ("hardening", "recompile", "wrapping"))
+TOP = frozenset({PKG, f"{PKG}.__main__", f"{PKG}.plugin"})  # the API, the entry points
+# a patch folder's tool and test sides (its __init__ is what vLLM processes run)
+PATCH_TOOL_FILES = ("probe", "standins")
 # Patches reach the shim only through the Context they are given: neither the machinery that
 # drives them (core, state, metrics) nor what it is built from (registry, config, messages).
-FORBIDDEN_FOR_PATCHES = tuple(f"{PKG}.{m}" for m in
+FORBIDDEN_FOR_PATCHES = tuple(f"{RUNTIME}.{m}" for m in
                               ("core", "state", "metrics", "registry", "config", "messages"))
 # One import in src. target: a package module (internal) or a dotted name outside the package;
 # module_level: outside any def/lambda, so it runs when src is imported.
@@ -47,9 +52,15 @@ def under(name: str, package: str) -> bool:
 
 
 def kind(name: str) -> str:
-    if name in TOOLS or under(name, f"{PKG}.audit"):
+    """The folder's kind: "tool", "patch" (a patch's runtime side, or the patch table),
+    "probe" (a patch folder's tool or test side), "runtime", or "misplaced"."""
+    if under(name, TOOLS) or name == f"{PKG}.__main__":
         return "tool"
-    return "patch" if name in PATCH_HELPERS or under(name, f"{PKG}.patches") else "runtime"
+    if under(name, PATCHES):
+        return "probe" if name.rpartition(".")[2] in PATCH_TOOL_FILES else "patch"
+    if under(name, RUNTIME) or name in TOP:
+        return "runtime"
+    return "misplaced"
 
 
 def modules(root: Path) -> dict:
@@ -154,14 +165,22 @@ def check_cycles(root: Path) -> list:
     return sorted(problems)
 
 
+def check_folders(root: Path) -> list:
+    """Every module is in runtime/, tools/ or a patch folder (the top: the API and entry points)."""
+    return [f"{name} ({path.relative_to(root)}): not in runtime/, tools/ or patches/"
+            for name, path in modules(root).items() if kind(name) == "misplaced"]
+
+
 def check_tools(root: Path) -> list:
     # direct edges suffice: a non-tool reaching a tool through others breaks the rule on the way
-    return report(imports(root), lambda i: i.internal and kind(i.target) == "tool" and kind(i.src) != "tool",
-                  "a runtime or patch-side module imports a tool")
+    return report(imports(root), lambda i: i.internal and kind(i.target) in ("tool", "probe")
+                  and kind(i.src) in ("runtime", "patch"),
+                  "a runtime or patch module imports a tool (or a patch's probe)")
 
 
 def check_patches(root: Path) -> list:
-    return report(imports(root), lambda i: kind(i.src) == "patch" and i.target in FORBIDDEN_FOR_PATCHES,
+    return report(imports(root),
+                  lambda i: kind(i.src) in ("patch", "probe") and i.target in FORBIDDEN_FOR_PATCHES,
                   "patches reach the shim only through their Context")
 
 
@@ -177,7 +196,7 @@ def check_bootstrap(root: Path) -> list:
         report(imps, lambda i: i.internal and i.target != CORE, f"only {CORE} among package modules")
 
 
-CHECKERS = (check_cycles, check_tools, check_patches, check_state, check_bootstrap)
+CHECKERS = (check_folders, check_cycles, check_tools, check_patches, check_state, check_bootstrap)
 
 
 def real_tree_test(check):
@@ -187,6 +206,7 @@ def real_tree_test(check):
     return test
 
 
+test_every_module_is_in_its_folder = real_tree_test(check_folders)
 test_no_import_cycles = real_tree_test(check_cycles)
 test_runtime_and_patches_never_import_tools = real_tree_test(check_tools)
 test_patches_never_import_the_machinery = real_tree_test(check_patches)
@@ -196,31 +216,43 @@ test_bootstrap_imports_only_core_and_sys = real_tree_test(check_bootstrap)
 
 fn = "\n\ndef _injected():\n    {}\n".format  # an import inside a function
 PROBE, BOOT = "patches/kv_spec_merge/probe.py", "../sitecustomize.py"
+PATCH = "patches/kv_spec_merge/__init__.py"
 E = "kimi_hotfix.{} -> kimi_hotfix.{}".format  # an edge as the checkers write it
 MUTATIONS = {  # id: (checker, {file under kimi_hotfix/: source appended}, what a new problem says)
-    "cycle": (check_cycles, {"core.py": fn("from kimi_hotfix import versions"),
-                             "versions.py": fn("import kimi_hotfix.core")}, f"{PKG}.versions"),
-    "tools": (check_tools, {"metrics.py": "\nfrom kimi_hotfix import status\n"}, E("metrics", "status")),
-    "tools-relative": (check_tools, {PROBE: fn("from ... import cli")},
-                       E("patches.kv_spec_merge.probe", "cli")),
-    "tools-literal": (check_tools, {"wrapping.py": fn('import_module("kimi_hotfix.audit.scan")')},
-                      E("wrapping", "audit.scan")),
-    "patches": (check_patches, {"hardening.py": fn("from kimi_hotfix import core")}, E("hardening", "core")),
-    "patches-probe": (check_patches, {PROBE: "\nif True:\n    from kimi_hotfix.state import x\n"},
-                      E("patches.kv_spec_merge.probe", "state")),
-    "patches-init": (check_patches, {"patches/__init__.py": fn("from .. import registry")},
-                     E("patches", "registry")),
-    "state": (check_state, {"state.py": "\nfrom kimi_hotfix import messages\n"}, E("state", "messages")),
-    "state-stdlib": (check_state, {"state.py": fn("import wrapt.wrappers")}, f"{STATE} -> wrapt.wrappers"),
+    "misplaced": (check_folders, {"stray.py": ""}, f"{PKG}.stray"),
+    "cycle": (check_cycles, {"runtime/core.py": fn("from kimi_hotfix.runtime import versions"),
+                             "runtime/versions.py": fn("import kimi_hotfix.runtime.core")},
+              f"{RUNTIME}.versions"),
+    "tools": (check_tools, {"runtime/metrics.py": "\nfrom kimi_hotfix.tools import status\n"},
+              E("runtime.metrics", "tools.status")),
+    "tools-relative": (check_tools, {PATCH: fn("from ...tools import cli")},
+                       E("patches.kv_spec_merge", "tools.cli")),
+    "tools-probe": (check_tools, {PATCH: fn("from . import probe")},
+                    E("patches.kv_spec_merge", "patches.kv_spec_merge.probe")),
+    "tools-literal": (check_tools,
+                      {"runtime/wrapping.py": fn('import_module("kimi_hotfix.tools.audit.scan")')},
+                      E("runtime.wrapping", "tools.audit.scan")),
+    "patches": (check_patches, {PATCH: fn("from kimi_hotfix.runtime import core")},
+                E("patches.kv_spec_merge", "runtime.core")),
+    "patches-probe": (check_patches, {PROBE: "\nif True:\n    from kimi_hotfix.runtime.state import x\n"},
+                      E("patches.kv_spec_merge.probe", "runtime.state")),
+    "patches-init": (check_patches, {"patches/__init__.py": fn("from ..runtime import registry")},
+                     E("patches", "runtime.registry")),
+    "state": (check_state, {"runtime/state.py": "\nfrom kimi_hotfix.runtime import messages\n"},
+              E("runtime.state", "runtime.messages")),
+    "state-stdlib": (check_state, {"runtime/state.py": fn("import wrapt.wrappers")},
+                     f"{STATE} -> wrapt.wrappers"),
     "bootstrap-top": (check_bootstrap, {BOOT: "\nimport os\n"}, "sitecustomize -> os"),
-    "bootstrap": (check_bootstrap, {BOOT: fn("from kimi_hotfix import config")},
-                  f"sitecustomize -> {PKG}.config"),
+    "bootstrap": (check_bootstrap, {BOOT: fn("from kimi_hotfix.runtime import config")},
+                  f"sitecustomize -> {RUNTIME}.config"),
     # None: not edges, nothing new (a new package; implicit parents as edges: fresh -> child -> fresh)
-    "type-checking": (check_patches, {"hardening.py": "\nif TYPE_CHECKING:\n    import kimi_hotfix.core\n"},
+    "type-checking": (check_patches, {PATCH: "\nif TYPE_CHECKING:\n    import kimi_hotfix.runtime.core\n"},
                       None),
-    "f-string": (check_tools, {"hardening.py": fn("""import_module(f"kimi_hotfix.{'cli'}")""")}, None),
-    "parents": (check_cycles, {"fresh/__init__.py": fn("from kimi_hotfix.fresh import child"),
-                               "fresh/child.py": fn("import kimi_hotfix.fresh.leaf"), "fresh/leaf.py": ""},
+    "f-string": (check_tools, {"runtime/recompile.py": fn("""import_module(f"kimi_hotfix.tools.{'cli'}")""")},
+                 None),
+    "parents": (check_cycles, {"runtime/fresh/__init__.py": fn("from kimi_hotfix.runtime.fresh import child"),
+                               "runtime/fresh/child.py": fn("import kimi_hotfix.runtime.fresh.leaf"),
+                               "runtime/fresh/leaf.py": ""},
                 None),
 }
 

@@ -1,4 +1,4 @@
-"""kimi_hotfix.importwatch in-process: a half-imported module's callbacks run
+"""kimi_hotfix.runtime.importwatch in-process: a half-imported module's callbacks run
 once its import ends (every callback, once, with the module or with None when
 the import failed), the spec gets its class back, and a spec that cannot be
 watched raises TypeError and is left as it was. The threaded arming that uses
@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from kimi_hotfix import importwatch
+from kimi_hotfix.runtime import importwatch
 
 WAITING = "_kimi_hotfix_waiting"
 

@@ -33,7 +33,6 @@ APM_SITE = STANDINS / "apm_site"
 
 def version():
     from kimi_hotfix import __version__
-
     return __version__
 
 

@@ -16,13 +16,11 @@ from helpers import PATCHES, REPO, STANDINS, hermetic_env, json_lines, run_pytho
 
 CHILD = r'''
 import json, sys
-from kimi_hotfix import core
-
-
+from kimi_hotfix.runtime import core
 def loaded():
-    return sorted(m for m in sys.modules if m.startswith(("kimi_hotfix.patch", "kimi_hotfix.recompile",
-                                                          "kimi_hotfix.wrapping",
-                                                          "kimi_hotfix.outcome")))
+    mine = ("kimi_hotfix.patch", *(f"kimi_hotfix.runtime.{m}"
+                                   for m in ("patching", "recompile", "wrapping", "outcome")))
+    return sorted(m for m in sys.modules if m.startswith(mine))
 
 
 core.arm("test")
@@ -64,5 +62,5 @@ def test_the_first_target_import_loads_every_patch_and_a_broken_one_fails(broken
     assert out["target"]["broken"] == f"failed: {why}"
     assert out["target"]["own_target_imported"] is False
     assert {*(f"kimi_hotfix.patches.{n}" for n in PATCHES if n != "kda_overlong_rows"),
-            "kimi_hotfix.patching"} <= set(out["target"]["loaded"])
+            "kimi_hotfix.runtime.patching"} <= set(out["target"]["loaded"])
     assert out["raised"] == (f"KimiHotfixError: kda_overlong_rows: {why}" if strict else None)

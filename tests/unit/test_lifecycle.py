@@ -23,7 +23,8 @@ import pytest
 from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python, summaries, warning_lines
 
 PRELUDE = (f"import os, sys, threading, time\nsys.path.append({str(STANDINS)!r})\n"
-           "import fakes\nfrom fakes import Fake\nfrom kimi_hotfix import base, core, patching, state\n")
+           "import fakes\nfrom fakes import Fake\n"
+           "from kimi_hotfix.runtime import base, core, patching, state\n")
 
 
 def run(tmp_path, code, names, timeout=120, **env):
@@ -143,7 +144,7 @@ def test_arming_failure_reads_failed_with_its_reason(tmp_path, strict):
 HOOK_FAILS = r'''
 def broken(*args):
     raise KeyError("the shim's own bug")
-from kimi_hotfix import outcome
+from kimi_hotfix.runtime import outcome
 outcome.apply = broken
 fakes.register(Fake("a", patching.needed("x")))
 core.arm("test")

@@ -1,4 +1,4 @@
-"""kimi_hotfix.messages in-process: the process role in JSON log lines (vLLM's
+"""kimi_hotfix.runtime.messages in-process: the process role in JSON log lines (vLLM's
 ``PREFIX::NAME`` title, read from /proc/PID/cmdline, else "main"). The JSON
 format end to end: test_lifecycle.py, in child interpreters."""
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kimi_hotfix import identity
+from kimi_hotfix.runtime import identity
 
 
 def test_the_main_process_without_a_title_is_main():

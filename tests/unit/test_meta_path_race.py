@@ -139,7 +139,7 @@ def import_vllm():  # the bootstrap's trigger fires, arms the shim and leaves sy
 
 out = {"walk_in_place": walk_in_place()}
 out["arming"] = race("victim_pkg.arming", import_vllm)  # the stand-in vLLM: arms the shim if on
-out["armed"] = "kimi_hotfix.core" in sys.modules
+out["armed"] = "kimi_hotfix.runtime.core" in sys.modules
 out["meta_path"] = [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path]
 out["race"] = race("victim_pkg.race", distutils_shim)
 out["control"] = race("victim_pkg.control", nothing)

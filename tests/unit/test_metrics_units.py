@@ -1,4 +1,4 @@
-"""kimi_hotfix.metrics' pure parts in-process: a process's record and what
+"""kimi_hotfix.runtime.metrics' pure parts in-process: a process's record and what
 the collector accepts as one, the record's file name, the vLLM version it
 reports, and the role of the process answering a scrape. The pod directory
 under hostile conditions: test_hostile_host.py; /metrics itself (it needs
@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from kimi_hotfix import config, core, metrics, scrape, state, versions
+from kimi_hotfix.runtime import config, core, metrics, scrape, state, versions
 
 
 def good():

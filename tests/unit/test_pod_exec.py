@@ -26,14 +26,14 @@ TARGET = "import vllm.v1.kv_cache_interface"  # a patch's target: the shim arms,
 BEFORE = f"""
 import os, sys
 {TARGET}
-from kimi_hotfix import metrics
+from kimi_hotfix.runtime import metrics
 print("before", os.getpid(), metrics._pod, flush=True)
 os.execv(sys.executable, [sys.executable, "-c", *sys.argv[1:]])
 """
 AFTER = f"""
 import json, os, sys, time
 {TARGET}
-from kimi_hotfix import metrics
+from kimi_hotfix.runtime import metrics
 work = sys.argv[1]
 pod = metrics._pod
 out = {{"pid": os.getpid(), "pod": pod, "owner": metrics._owner == os.getpid(),
@@ -46,7 +46,7 @@ out["survived"] = os.path.isdir(pod)
 out["records"] = sorted(n for n in os.listdir(pod) if n.endswith(".json")) if out["survived"] else []
 if sys.argv[2] == "child":  # a process that inherits the lock's descriptor without closing it
     import subprocess
-    code = ("import os\\n{TARGET}\\nfrom kimi_hotfix import metrics\\n"
+    code = ("import os\\n{TARGET}\\nfrom kimi_hotfix.runtime import metrics\\n"
             "print(metrics._owner == os.getpid(), metrics._lock_fd is not None)")
     proc = subprocess.run([sys.executable, "-c", code], close_fds=False, capture_output=True,
                           text=True, timeout=120)

@@ -67,8 +67,7 @@ def test_the_releases_said_to_be_verified_are_the_ones_run():
 
 def test_verify_names_every_exit_code_of_check():
     """Issue 30 item 6: docs/verify.md listed check's exit codes without 3."""
-    from kimi_hotfix import cli
-
+    from kimi_hotfix.tools import cli
     text = " ".join((REPO / "docs" / "verify.md").read_text().split())
     part = text[text.index("`python -O -m kimi_hotfix check`"):]
     part = part[:part.index("`--json` for pipelines")]

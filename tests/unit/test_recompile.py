@@ -1,4 +1,4 @@
-"""kimi_hotfix.recompile: recompiling a function from its own source (shim
+"""kimi_hotfix.runtime.recompile: recompiling a function from its own source (shim
 mechanics; stand-in functions in tests/standins/recompile_target).
 
 Each case runs in a child interpreter, plain, -O and -OO:
@@ -30,8 +30,8 @@ CHILD = r"""
 import ast, inspect, json, sys, traceback
 sys.path.insert(0, %(target)r)
 import sample
-from kimi_hotfix import recompile
-from kimi_hotfix.base import PatchError
+from kimi_hotfix.runtime import recompile
+from kimi_hotfix.runtime.base import PatchError
 
 out = {"optimize": sys.flags.optimize}
 merge = vars(sample.Sample)["merge"].__func__
@@ -171,8 +171,7 @@ def test_asserts_in_counts_every_assert_statement_as_ast_walk_does():
     import sys
 
     sys.path.insert(0, str(REPO))
-    from kimi_hotfix import recompile
-
+    from kimi_hotfix.runtime import recompile
     sources = [ASSERT_SHAPES] + ([MATCH_SHAPE] if sys.version_info >= (3, 10) else [])
     for text in sources:
         tree = ast.parse(text)

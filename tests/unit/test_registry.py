@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from kimi_hotfix import core, docs, messages, patching
 from kimi_hotfix.patches import PATCH_MODULES, PATCHES
+from kimi_hotfix.runtime import core, messages, patching
+from kimi_hotfix.tools import docs
 
 from helpers import REPO
 
@@ -29,8 +30,7 @@ def test_registry_lists_every_patch_module_once():
 def test_the_table_names_each_patch_and_its_own_target():
     """Arming reads the table (kimi_hotfix.patches.PATCHES), not the modules:
     each row is its module's PATCH, with that PATCH's own target."""
-    from kimi_hotfix import registry
-
+    from kimi_hotfix.runtime import registry
     for name, target in PATCHES.items():
         patch = registry.get(name)
         assert (patch.name, patch.target) == (name, target), name
@@ -108,7 +108,8 @@ def _imports(path):
 def test_no_patch_imports_core():
     """A patch gets what it needs through ``apply(module, ctx)``."""
     found = [f"{p.relative_to(REPO)}: {name}" for p in (PACKAGE / "patches").rglob("*.py")
-             for name in _imports(p) if name.startswith(("kimi_hotfix.core", "kimi_hotfix.state"))]
+             for name in _imports(p)
+             if name.startswith(("kimi_hotfix.runtime.core", "kimi_hotfix.runtime.state"))]
     assert found == []
 
 
@@ -131,7 +132,7 @@ LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critic
 
 
 def test_the_package_logs_only_through_the_catalog():
-    """Every line the shim can log is in kimi_hotfix.messages (and so in the
+    """Every line the shim can log is in kimi_hotfix.runtime.messages (and so in the
     troubleshooting table, docs/troubleshooting.md): no other logging call in the package."""
     found = []
     for path in [*PACKAGE.rglob("*.py"), REPO / "sitecustomize.py"]:

@@ -1,4 +1,4 @@
-"""kimi_hotfix.registry in-process: what a patch module that cannot be loaded
+"""kimi_hotfix.runtime.registry in-process: what a patch module that cannot be loaded
 turns into (an ``Unloadable`` that names its module and cause in every text,
 fails check and apply, and whose probe cannot run), and ``add``. The same in
 deployed copies with broken files: test_faults.py and the fault tier."""
@@ -10,10 +10,10 @@ import types
 
 import pytest
 
-from kimi_hotfix import patching, registry
-from kimi_hotfix.base import PatchError
 from kimi_hotfix.patches import PATCHES
-from kimi_hotfix.patching import Patch
+from kimi_hotfix.runtime import patching, registry
+from kimi_hotfix.runtime.base import PatchError
+from kimi_hotfix.runtime.patching import Patch
 
 
 @pytest.fixture

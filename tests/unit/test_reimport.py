@@ -15,8 +15,7 @@ CHILD = f"import sys\nsys.path.append({str(STANDINS)!r})\n" + r'''
 import importlib
 import fakes
 from fakes import Fake
-from kimi_hotfix import base, core, state, wrapping, patching
-
+from kimi_hotfix.runtime import base, core, state, wrapping, patching
 fakes.register(Fake("reloaded", patching.needed("the bug is there")),
                Fake("fresh", patching.needed("the bug is there")),
                Fake("untouched", patching.needed("the bug is there")),

@@ -1,4 +1,4 @@
-"""kimi_hotfix.state (the store) and the core's policies on it, in-process,
+"""kimi_hotfix.runtime.state (the store) and the core's policies on it, in-process,
 on a snapshot of its tables (restored after each test): what ``records``,
 ``begin``/``end`` and ``mark_undone`` do to each kind of state, and what the
 core's ``_fail_pending``, summary line and undo-during-apply make of them.
@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from kimi_hotfix import core, registry, state
-from kimi_hotfix.base import Kind, State
-from kimi_hotfix.patching import Patch
+from kimi_hotfix.runtime import core, registry, state
+from kimi_hotfix.runtime.base import Kind, State
+from kimi_hotfix.runtime.patching import Patch
 
 
 @pytest.fixture
@@ -84,8 +84,7 @@ def test_mark_undone_by_kind(tables):
 
 
 def test_the_summary_and_its_json_fields_name_every_patch_pending_until_settled(tables, monkeypatch):
-    from kimi_hotfix import versions
-
+    from kimi_hotfix.runtime import versions
     monkeypatch.setattr(versions, "vllm_version", lambda: None)
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
     first, *rest = registry.names()
@@ -112,13 +111,11 @@ class HalfwayUndone(Patch):
     name, target = "kimi_halfway", "kimi_test_halfway_target"
 
     def check(self, module, optimize):
-        from kimi_hotfix import patching
-
+        from kimi_hotfix.runtime import patching
         return patching.needed("x")
 
     def apply(self, module, ctx):
-        from kimi_hotfix import wrapping
-
+        from kimi_hotfix.runtime import wrapping
         ctx.records.append(wrapping.Record(Thing, "first", vars(Thing)["first"], object()))
         core.undo("kimi_halfway")
         return None
@@ -128,8 +125,7 @@ class HalfwayUndone(Patch):
 
 
 def test_an_undo_during_apply_names_what_it_could_not_restore(tables, monkeypatch):
-    from kimi_hotfix import config
-
+    from kimi_hotfix.runtime import config
     own = vars(Thing)["first"]
     monkeypatch.setattr(state, "_config", config.parse(()))
     monkeypatch.setattr(registry, "_targets", {"kimi_halfway": HalfwayUndone.target})

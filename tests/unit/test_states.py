@@ -1,4 +1,4 @@
-"""The state logic of kimi_hotfix.core, with stand-in patches (no vLLM).
+"""The state logic of kimi_hotfix.runtime.core, with stand-in patches (no vLLM).
 
 A child interpreter replaces the registry with small patches
 (tests/standins/fakes.py) whose checks return each kind of decision (or raise),
@@ -24,12 +24,12 @@ import os
 
 import pytest
 
-from kimi_hotfix import base, patching
+from kimi_hotfix.runtime import base, patching
 
 from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python, summaries, warning_lines
 
 PRELUDE = f"import sys\nsys.path.append({str(STANDINS)!r})\nimport fakes\nfrom fakes import Fake\n" \
-          "from kimi_hotfix import base, core, patching, state\n"
+          "from kimi_hotfix.runtime import base, core, patching, state\n"
 NAMES = ("needed", "fixed", "absent", "unknown", "raises", "missing", "halfway", "forced",
          "unsure_broken", "never")
 CHILD = PRELUDE + r'''
@@ -55,11 +55,11 @@ out = {"states": fakes.states(),
        "installed": {p.name: fakes.installed(p.target) for p in PATCHES[:-1]}}
 thing = sys.modules["standin_needed"].Thing
 before = (vars(thing)["first"], vars(thing)["second"])
-from kimi_hotfix.preflight import toggled  # check's own toggle
+from kimi_hotfix.tools.preflight import toggled  # check's own toggle
 with toggled("needed", False) as st:
     out["toggled_off"] = [str(st), fakes.installed("standin_needed"), thing().first()]
 out["after_off_identical"] = (vars(thing)["first"], vars(thing)["second"]) == before
-from kimi_hotfix.preflight import toggled  # check's own toggle
+from kimi_hotfix.tools.preflight import toggled  # check's own toggle
 with toggled("fixed", True) as st:
     out["toggled_on"] = [str(st), fakes.installed("standin_fixed"),
                          sys.modules["standin_fixed"].Thing().first()]
@@ -130,7 +130,7 @@ def test_toggled_puts_back_exactly_what_was_there(tmp_path):
 def test_strict_mode_raises_when_a_check_cannot_tell(tmp_path):
     proc = run(tmp_path, KIMI_HOTFIX_STRICT="1")
     assert proc.returncode == 1
-    assert ("kimi_hotfix.base.KimiHotfixError: unknown: cannot tell whether it is needed: "
+    assert ("kimi_hotfix.runtime.base.KimiHotfixError: unknown: cannot tell whether it is needed: "
             "no source") in proc.stderr
     # the state was recorded before the raise: the exit line says what happened
     assert "unknown: applied (cannot tell: no source; applied to be safe)" in \

@@ -32,8 +32,7 @@ HEAVY = ("vllm", "torch", "wrapt")
 
 
 def patch_names():
-    from kimi_hotfix import core
-
+    from kimi_hotfix.runtime import core
     return core.patch_names()
 
 
@@ -52,7 +51,7 @@ def status(flags=(), env=None, args=("--json",), python=None):
 def test_status_imports_no_vllm_torch_wrapt():
     code = (
         "import sys\n"
-        "from kimi_hotfix.cli import main\n"
+        "from kimi_hotfix.tools.cli import main\n"
         "rc = main(['status', '--json'])\n"
         f"print({JSON_MARK!r} + __import__('json').dumps({{'rc': rc, 'modules': sorted(sys.modules)}}))\n"
     )
@@ -60,25 +59,24 @@ def test_status_imports_no_vllm_torch_wrapt():
     result = json_lines(proc.stdout)[0]
     assert result["rc"] == 3  # no vLLM here: the shim would not arm
     assert "kimi_hotfix_sitecustomize" in result["modules"]  # the bootstrap ran here
-    assert "kimi_hotfix.cli" in result["modules"]
+    assert "kimi_hotfix.tools.cli" in result["modules"]
     assert [m for m in result["modules"] if m.split(".")[0] in HEAVY] == []
     # -X importtime: "import time: self [us] | cumulative | name", one per import.
     rows = [line.split("|") for line in proc.stderr.splitlines() if line.startswith("import time:")]
     names = [r[2].strip() for r in rows if r[0].split(":")[1].strip().isdigit()]
-    assert "kimi_hotfix.cli" in names
+    assert "kimi_hotfix.tools.cli" in names
     assert [n for n in names if n.split(".")[0] in HEAVY] == []
     # The module entry point itself (python -m), under importtime too.
     proc = run_python(["-X", "importtime", "-m", "kimi_hotfix", "status"], env=hermetic_env(),
                       cwd=REPO, check=False)
     imported = [line.split("|")[2].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:") and "|" in line]
-    assert "kimi_hotfix.__main__" in imported or "kimi_hotfix.cli" in imported
+    assert "kimi_hotfix.__main__" in imported or "kimi_hotfix.tools.cli" in imported
     assert [n for n in imported if n.split(".")[0] in HEAVY] == []
 
 
 def test_status_reports_interpreter_and_patches():
-    from kimi_hotfix import core
-
+    from kimi_hotfix.runtime import core
     report = status(flags=["-O"])
     assert report["python"]["optimize"] == 1 and report["python"]["executable"] == sys.executable
     assert report["vllm"] == {"installed": False, "version": None, "distribution": None}
@@ -100,8 +98,7 @@ def test_status_reports_interpreter_and_patches():
 
 
 def test_status_toggles_and_their_warnings():
-    from kimi_hotfix import config
-
+    from kimi_hotfix.runtime import config
     garbage = {
         "KIMI_HOTFIX": "maybe",
         "KIMI_HOTFIX_DISABLE": "kv_spec_merge, nonsense",

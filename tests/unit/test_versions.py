@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kimi_hotfix import core, versions
+from kimi_hotfix.runtime import core, versions
 
 
 @pytest.mark.parametrize("text, parsed", [
@@ -64,8 +64,7 @@ def test_expectations(version, optimize):
 
 @pytest.mark.parametrize("version", list(BEHAVIOUR))
 def test_parity_is_expected_under_o_only(version):
-    from kimi_hotfix import parity_probe
-
+    from kimi_hotfix.tools import parity_probe
     assert [parity_probe.PROBE.expect(version, level)[0] for level in (0, 1, 2)] == [False, True, True]
 
 

@@ -1,4 +1,4 @@
-"""kimi_hotfix.wrapping in-process, on a module written at test time and the
+"""kimi_hotfix.runtime.wrapping in-process, on a module written at test time and the
 installed wrapt: how the shim's wrapper pickles and copies (a module function
 by reference, a class's function by getattr on its class, nested classes
 included, a bound method as Python pickles methods), and PatchContext.wrap
@@ -14,8 +14,8 @@ import pickle
 import pytest
 import wrapt
 
-from kimi_hotfix import wrapping
-from kimi_hotfix.base import PatchError
+from kimi_hotfix.runtime import wrapping
+from kimi_hotfix.runtime.base import PatchError
 
 from helpers import sample_module
 

@@ -1,7 +1,7 @@
 """``audit`` agrees with the tier (issue 37 item 3): every test that ``-O`` changes
 is explained by the audit, and every test site the audit can decide is one that
 ``-O`` changes. Used by test_vllm_suite.py on the runs it made; static (the audit
-reads source, it imports nothing of vLLM), stdlib and kimi_hotfix.audit only.
+reads source, it imports nothing of vLLM), stdlib and kimi_hotfix.tools.audit only.
 
 **Forward.** Each test whose outcome under ``-O`` without the shim differs from
 plain Python is explained by one of, in this order:
@@ -52,7 +52,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from kimi_hotfix.audit import reviewed
+from kimi_hotfix.tools.audit import reviewed
 
 FRAME = re.compile(r"^(vllm/\S+\.py):(\d+) in (\S+)$")
 RAISES = "raises"

@@ -76,8 +76,7 @@ EXPECTED = {"plain": (0, False), "O": (1, False), "O+shim": (1, True), "plain+sh
 def tier(request, tmp_path_factory):
     """Everything the tier computes once: the selection, the runs, their differences."""
     t0, cpu0 = time.monotonic(), _own_cpu()
-    from kimi_hotfix import audit
-
+    from kimi_hotfix.tools import audit
     python = suite.vllm_python()
     venv = suite.site_packages(Path(python).parents[1])
     tree = suite.sdist()
@@ -337,8 +336,8 @@ def test_the_agreement_fails_on_what_it_must(tier, monkeypatch):
     every mode is a reverse failure."""
     import copy
 
-    from kimi_hotfix import audit
-    from kimi_hotfix.audit import reviewed
+    from kimi_hotfix.tools import audit
+    from kimi_hotfix.tools.audit import reviewed
 
     forward = tier["forward"]
     original = reviewed.TABLE

@@ -47,7 +47,7 @@ from __future__ import annotations
 import ast
 import importlib
 
-from kimi_hotfix import base, patching, recompile, wrapping
+from kimi_hotfix.runtime import base, patching, recompile, wrapping
 
 FIELD = "use_kda_recoverssm"
 INSTEAD = "vLLM's own capture plan is used"

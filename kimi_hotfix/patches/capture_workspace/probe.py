@@ -15,7 +15,7 @@ import dataclasses
 import json
 
 from kimi_hotfix.patches import _recoverssm as probing
-from kimi_hotfix.patching import ProbeResult
+from kimi_hotfix.runtime.patching import ProbeResult
 
 DEFAULT_MODE = "FULL_AND_PIECEWISE"  # vLLM's default CUDA-graph mode on GPUs
 # BatchExecutionDescriptor fields present in 0.29, 0.30 and 0.33. Any other

@@ -16,7 +16,7 @@ their ``is_prefilling`` entry True, on copies), so they take the non-speculative
 
 How: ``build`` runs every engine step, and any wrapper's extra Python frame
 costs it several microseconds (bench/kda_fast_path.py). So ``build`` is
-recompiled from vLLM's own source (kimi_hotfix/recompile.py, after checking that
+recompiled from vLLM's own source (kimi_hotfix/runtime/recompile.py, after checking that
 the source matches the running code) with one guard inserted before its first
 statement:
 
@@ -53,7 +53,7 @@ from __future__ import annotations
 import ast
 import inspect
 
-from kimi_hotfix import base, patching, recompile, wrapping
+from kimi_hotfix.runtime import base, patching, recompile, wrapping
 
 _PARAMS = (
     "common_prefix_len",

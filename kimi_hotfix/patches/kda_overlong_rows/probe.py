@@ -18,7 +18,7 @@ import types
 import torch
 
 from kimi_hotfix.patches import _recoverssm as probing
-from kimi_hotfix.patching import ProbeResult
+from kimi_hotfix.runtime.patching import ProbeResult
 
 # KimiK3KDAMetadata fields compared across releases.
 COUNT_FIELDS = ("num_spec_decodes", "num_spec_decode_tokens", "num_prefills",

@@ -18,7 +18,7 @@ group's value before vLLM's own merge runs, so the target and its draft merge
 into one spec with the capability on, and each call's
 ``CommonAttentionMetadata.causal`` picks causal or non-causal at run time. The
 physical cache layout is untouched. The merges' other asserts are -O parity's
-(kimi_hotfix.parity): with it in force they run as in plain Python.
+(kimi_hotfix.runtime.parity): with it in force they run as in plain Python.
 
 Upstream: PR #55234 (vLLM 0.30.0) merges the capability with ``any()``.
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
-from kimi_hotfix import base, patching, wrapping
+from kimi_hotfix.runtime import base, patching, wrapping
 
 CAPABILITY = "non_causal_multi_token_decode"
 

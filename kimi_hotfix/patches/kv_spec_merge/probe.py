@@ -21,7 +21,7 @@ import torch
 from vllm.v1 import kv_cache_interface as kvi
 
 from kimi_hotfix.patches.kv_spec_merge import CAPABILITY
-from kimi_hotfix.patching import ProbeResult
+from kimi_hotfix.runtime.patching import ProbeResult
 
 # Kimi-K3-like shapes. MLA caches one 576-wide latent (512 kv_lora + 64 rope)
 # per token in bf16, one KV head, no separate V.
@@ -246,7 +246,7 @@ def problems(result: dict) -> list:
 
     ``capability_problems`` keeps the ones about the draft capability (this
     patch's); the others are what ``-O`` does to the merges' asserts (-O
-    parity's, kimi_hotfix.parity).
+    parity's, kimi_hotfix.runtime.parity).
     """
     name = result["layer_set"]
     found = []
@@ -338,7 +338,7 @@ def run() -> ProbeResult:
         mine = capability_problems(seen)
         found.extend(f"{name}: {p}" for p in mine)
         other.extend(f"{name}: {p}" for p in seen if p not in mine)
-    # what -O does to the merges' asserts is -O parity's (kimi_hotfix.parity): said, not judged
+    # what -O does to the merges' asserts is -O parity's (kimi_hotfix.runtime.parity): said, not judged
     notes = [f"{p} (-O's asserts: -O parity's)" for p in other]
     detail = "; ".join(found + notes) or "draft capability kept, KDA apart, cache dtypes apart"
     return ProbeResult(ok=not found, detail=detail, cases=cases)

@@ -64,7 +64,7 @@ TARGETS = ("vllm.v1.kv_cache_interface", "vllm.v1.worker.gpu.cudagraph_utils",
 
 
 def _shim_armed():
-    state = sys.modules.get("kimi_hotfix.state")
+    state = sys.modules.get("kimi_hotfix.runtime.state")
     if state is None:
         return None
     try:

@@ -187,7 +187,7 @@ def pytest_runtest_protocol(item, nextitem):
 def _shim() -> dict:
     if "kimi_hotfix" not in sys.modules:
         return {"loaded": False}
-    core = sys.modules.get("kimi_hotfix.core")
+    core = sys.modules.get("kimi_hotfix.runtime.core")
     if core is None:
         return {"loaded": True, "armed": False}
     try:

@@ -43,9 +43,11 @@ import sys
 import textwrap
 from typing import Optional
 
-from kimi_hotfix import __version__, exitcodes, versions
-from kimi_hotfix.base import Kind, PatchError, State
-from kimi_hotfix.patching import ProbeResult, Verdict
+from kimi_hotfix import __version__
+from kimi_hotfix.runtime import versions
+from kimi_hotfix.runtime.base import Kind, PatchError, State
+from kimi_hotfix.runtime.patching import ProbeResult, Verdict
+from kimi_hotfix.tools import exitcodes
 
 LEVELS = ((0, "plain"), (1, "-O"), (2, "-OO"))
 NO_DEVICE = "Failed to infer device type"  # vLLM's DeviceConfig, where no platform is found
@@ -60,8 +62,7 @@ def toggled(name: str, applied: bool):
     e.g. on for a patch already applied, the state keeps what happened in it,
     such as wrapper failures). Its module must be loaded. Yields the state
     inside the block. Does not log the summary line."""
-    from kimi_hotfix import core, registry, state, wrapping
-
+    from kimi_hotfix.runtime import core, registry, state, wrapping
     patch = registry.get(name)
     module = sys.modules.get(patch.target)
     if module is None:
@@ -180,8 +181,7 @@ def run_probe(patch) -> dict:
 
 def _still_wrapped(patch) -> list:
     """Names in ``patch.wraps`` (qualified names in its target) still wrapped."""
-    from kimi_hotfix import wrapping
-
+    from kimi_hotfix.runtime import wrapping
     left = []
     for qualname in patch.wraps:
         obj = sys.modules.get(patch.target)
@@ -223,8 +223,7 @@ def _problems(entry, state) -> None:
 
 def _decisions(core, patch, module) -> dict:
     """What the patch's check decides at each optimize level (label -> dict)."""
-    from kimi_hotfix import outcome
-
+    from kimi_hotfix.runtime import outcome
     out = {}
     for level, label in LEVELS:
         if module is None:
@@ -350,15 +349,15 @@ def outcome(results, problems, levels, deployment, found) -> tuple:
 
 def run() -> dict:
     """Arm, import vLLM's targets, probe every patch: the report ``check`` prints."""
-    from kimi_hotfix import core, status
-
+    from kimi_hotfix.runtime import core
+    from kimi_hotfix.tools import status
     arm_error = None
     with stdout_to_stderr():
         try:
             core.arm("check")
         except Exception as exc:  # strict mode
             arm_error = f"{type(exc).__name__}: {exc}"
-        from kimi_hotfix import parity_probe  # -O parity: core arms it; check probes it first
+        from kimi_hotfix.tools import parity_probe  # -O parity: core arms it; check probes it first
 
         probed = {parity_probe.PROBE.name: parity_probe.PROBE, **core.patches()}
         import_errors = {}

@@ -4,17 +4,17 @@ Loaded only when vLLM is imported (or by ``check`` and the plugin). ``arm()``
 parses the environment, imports wrapt and registers one post-import hook per
 patch on the vLLM module it targets (wrapt runs the hook at once where that
 module is already loaded). The hook *settles* the patch: its module loads
-(kimi_hotfix.registry), then it is decided and applied (kimi_hotfix.outcome)
-through a context bound to it (kimi_hotfix.wrapping), all or nothing. A target
+(kimi_hotfix.runtime.registry), then it is decided and applied (kimi_hotfix.runtime.outcome)
+through a context bound to it (kimi_hotfix.runtime.wrapping), all or nothing. A target
 imported again (a reload, a fresh import) settles again there and then
-(kimi_hotfix.importwatch).
+(kimi_hotfix.runtime.importwatch).
 
-This module owns every policy; kimi_hotfix.state only stores what it decides:
+This module owns every policy; kimi_hotfix.runtime.state only stores what it decides:
 finishing a settle, undo and its rollback (an undo that lands mid-settle),
 wrapper failures, strictness, the summary line (logged when arming ends, on
 each change, in every forked child, and at exit where a pending patch turns
 ``not loaded``) and who is told of a change (``listeners`` get a snapshot:
-kimi_hotfix.metrics), exit and fork. It names no patch.
+kimi_hotfix.runtime.metrics), exit and fork. It names no patch.
 
 Containment: an arming, hook, check or apply failure ends in ``failed`` (with
 its reason, logged once) and vLLM's original behaviour stays; the host's import
@@ -37,15 +37,18 @@ import threading
 from dataclasses import replace
 from typing import Optional
 
-from kimi_hotfix import _wrapt, messages, registry, state, versions
-from kimi_hotfix import config as _config_mod
-from kimi_hotfix.base import KimiHotfixError, Kind, State, describe, is_wrapped  # noqa: F401 (API)
+from kimi_hotfix.runtime import _wrapt, messages, registry, state, versions
+from kimi_hotfix.runtime import config as _config_mod
+from kimi_hotfix.runtime.base import KimiHotfixError, Kind, State, describe, is_wrapped  # noqa: F401 (API)
 
-if getattr(sys.modules.get(__package__), "__file__", None) is None:  # a namespace package
-    raise ImportError(f"{__package__}/__init__.py is missing: an incomplete copy of the shim")
+for _package in (__package__.split(".")[0], __package__):  # a namespace package: its __init__ is gone
+    if getattr(sys.modules.get(_package), "__file__", None) is None:
+        raise ImportError(f"{_package.replace('.', '/')}/__init__.py is missing: an incomplete copy "
+                          "of the shim")
 
 __version__ = versions.SHIM
-O_PARITY = "o_parity"  # -O parity (kimi_hotfix.parity): armed here, before any target; no registry patch
+# -O parity (kimi_hotfix.runtime.parity): armed here, before any target; no registry patch
+O_PARITY = "o_parity"
 patches = registry.patches
 patch_names = registry.names
 armed_by = state.armed_by
@@ -137,8 +140,7 @@ def _arm(source: str) -> None:
         target = registry.target(name)
         module = sys.modules.get(target)
         if module is not None and _half_imported(module):
-            from kimi_hotfix import importwatch
-
+            from kimi_hotfix.runtime import importwatch
             try:
                 importwatch.when_imported(module, _after_import(name))
             except (TypeError, AttributeError) as exc:  # a spec that cannot be watched
@@ -148,7 +150,7 @@ def _arm(source: str) -> None:
 
 
 def _arm_parity(cfg) -> None:
-    """-O parity (kimi_hotfix.parity): under -O, vLLM's modules run plain
+    """-O parity (kimi_hotfix.runtime.parity): under -O, vLLM's modules run plain
     Python's bytecode. Its module loads only under -O."""
     if state.get(O_PARITY).kind != Kind.PENDING:
         return  # disabled
@@ -156,8 +158,7 @@ def _arm_parity(cfg) -> None:
         state.put(O_PARITY, State(Kind.NOT_AFFECTED, "python without -O keeps vLLM's asserts"))
         return
     try:
-        from kimi_hotfix import parity
-
+        from kimi_hotfix.runtime import parity
         parity.arm(_parity_changed)
     except Exception as exc:  # contained: the patches go on, vLLM runs with -O's bytecode
         why = describe(exc)
@@ -173,8 +174,7 @@ def _parity_changed() -> None:
     """Parity's report changed (armed; a module imported before arming got its
     plain code, or could not): its state says so; a module kept at -O's code
     is logged once; strict mode raises."""
-    from kimi_hotfix import parity
-
+    from kimi_hotfix.runtime import parity
     report = parity.report()
     if report is None or report.undone:
         return
@@ -190,7 +190,7 @@ def _parity_changed() -> None:
 
 
 def parity_mode() -> str:
-    """Which -O parity is in force in this process (kimi_hotfix.parity):
+    """Which -O parity is in force in this process (kimi_hotfix.runtime.parity):
     ``package``, ``late``, ``partial``, ``off``, ``plain``, ``failed``, or
     ``pending`` before arming."""
     current = parity_state()
@@ -214,7 +214,7 @@ _metrics_tried = False
 
 
 def _install_metrics() -> None:
-    """The states on vLLM's /metrics (kimi_hotfix.metrics), told of every
+    """The states on vLLM's /metrics (kimi_hotfix.runtime.metrics), told of every
     change. Under KIMI_HOTFIX=0 too: the kill switch shows (``enabled="false"``),
     where no series would look like no shim. Once per process."""
     global _metrics_tried
@@ -223,8 +223,7 @@ def _install_metrics() -> None:
         return
     _metrics_tried = True  # a later arm() (the plugin after the bootstrap) tries nothing again
     try:
-        from kimi_hotfix import metrics
-
+        from kimi_hotfix.runtime import metrics
         if metrics.install(snapshot(), [registry.target(n) for n in registry.names()
                                         if registry.target(n)]):
             load_wrapt().register_post_import_hook(_serving, metrics.PROMETHEUS)
@@ -235,11 +234,11 @@ def _install_metrics() -> None:
 
 def _serving(module) -> None:
     """prometheus_client was imported: the scrape's side of the exporter loads
-    (kimi_hotfix.scrape; contains its own failures, but not its file's)."""
+    (kimi_hotfix.runtime.scrape; contains its own failures, but not its file's)."""
     try:
-        from kimi_hotfix import scrape
+        from kimi_hotfix.runtime import scrape
     except Exception as exc:
-        _exporter_failed(f"loading kimi_hotfix.scrape failed ({describe(exc)})", exc)
+        _exporter_failed(f"loading kimi_hotfix.runtime.scrape failed ({describe(exc)})", exc)
         return
     scrape.on_prometheus_client(module)
 
@@ -262,7 +261,7 @@ def _hook(name: str):
 
 def _after_import(name: str):
     """The callback for a target that was half-imported at arming
-    (kimi_hotfix.importwatch): settle once it is imported; if that import
+    (kimi_hotfix.runtime.importwatch): settle once it is imported; if that import
     failed, patch a later, successful one."""
 
     def finished(module):
@@ -301,8 +300,7 @@ def settle(name: str, module) -> None:
         outcome, error = _outcome().apply(name, registry.get(name), module, context(name, token.records),
                                           name in state.config().forced, _strict())
         if token.records:  # what it wrapped, re-imported, is settled again there and then
-            from kimi_hotfix import importwatch
-
+            from kimi_hotfix.runtime import importwatch
             importwatch.watch_reimports(registry.target(name), _reimported)
     except Exception as exc:  # the shim's own code failed (or one of its files): contained
         _uninstall(token.records)
@@ -313,7 +311,7 @@ def settle(name: str, module) -> None:
         messages.emit(messages.HOOK_FAILED, name, why, exc_info=True)
         error = KimiHotfixError(f"{name}: its import hook failed: {why}") if _strict() else None
     finally:  # the parsed vLLM sources served this patch only (a few MB a process)
-        recompile = sys.modules.get("kimi_hotfix.recompile")
+        recompile = sys.modules.get("kimi_hotfix.runtime.recompile")
         if recompile is not None:
             recompile.forget()
         state.add_cost("settle", time.perf_counter() - started)
@@ -360,20 +358,19 @@ def _said_broken(names: list) -> None:
 
 def _uninstall(records: list) -> list:
     """wrapping.uninstall where anything was installed: what it could not restore."""
-    wrapping = sys.modules.get("kimi_hotfix.wrapping")
+    wrapping = sys.modules.get("kimi_hotfix.runtime.wrapping")
     return wrapping.uninstall(records) if records and wrapping is not None else []
 
 
 def _outcome():
-    from kimi_hotfix import outcome  # settle-only: loaded at the first target's import
+    from kimi_hotfix.runtime import outcome  # settle-only: loaded at the first target's import
 
     return outcome
 
 
 def context(name: str, records: list):
     """The Context a patch's apply gets: its wraps go to ``records``."""
-    from kimi_hotfix import wrapping
-
+    from kimi_hotfix.runtime import wrapping
     return wrapping.PatchContext(name, records, load_wrapt, wrapper_failed, spent)
 
 
@@ -418,8 +415,7 @@ def _settle_reimported(names=None) -> None:
         if state.get(name).kind != Kind.APPLIED:
             continue
         old = state.records(name)
-        from kimi_hotfix import wrapping
-
+        from kimi_hotfix.runtime import wrapping
         if not old or all(wrapping.reachable(rec) for rec in old):
             continue
         target = registry.target(name)
@@ -478,8 +474,7 @@ def undo(name: Optional[str] = None) -> dict:
         current = state.mark_undone(patch_name, State(Kind.DISABLED, "undone", undone=True))
         if current is None or current.kind != Kind.APPLIED:
             continue
-        from kimi_hotfix import wrapping
-
+        from kimi_hotfix.runtime import wrapping
         records = state.pop_records(patch_name) + _retired.pop(patch_name, [])
         left = wrapping.uninstall(records)
         state.put(patch_name, _undone_state(patch_name, left, nothing_here=not records))
@@ -491,7 +486,7 @@ def _undo_parity() -> None:
     """Parity's finder off, the in-place code back; modules it loaded keep plain bytecode."""
     if state.config() is None or state.get(O_PARITY).kind != Kind.APPLIED:
         return
-    parity = sys.modules.get("kimi_hotfix.parity")
+    parity = sys.modules.get("kimi_hotfix.runtime.parity")
     kept = parity.undo() if parity is not None else 0
     detail = "undone"
     if kept:
@@ -631,7 +626,7 @@ def after_fork_in_child() -> None:
     line, unless it was forked only to exec another program (``forked_to_exec``)."""
     global _logged, _silent
     state.after_fork_in_child()
-    wrapping = sys.modules.get("kimi_hotfix.wrapping")
+    wrapping = sys.modules.get("kimi_hotfix.runtime.wrapping")
     if wrapping is not None:
         wrapping.after_fork_in_child()
     _wrapt.after_fork_in_child()

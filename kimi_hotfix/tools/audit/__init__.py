@@ -1,8 +1,8 @@
 """``python -m kimi_hotfix audit [--json]``: where the installed vLLM steers by
 AssertionError, and what ``python -O`` does to each place.
 
-A static scan (kimi_hotfix.audit.scan): it imports nothing of vLLM, reads its
-source, caches per-module summaries by file hash (kimi_hotfix.audit.cache) and
+A static scan (kimi_hotfix.tools.audit.scan): it imports nothing of vLLM, reads its
+source, caches per-module summaries by file hash (kimi_hotfix.tools.audit.cache) and
 lists
 
 - handlers that catch AssertionError (alone or in a tuple),
@@ -17,7 +17,7 @@ kind: ``raises``, a ``pytest.raises(AssertionError)`` block of vLLM's own tests,
 with the asserting functions of vLLM its calls reach. vLLM steers by those
 asserts in its tests, not in its code: the package scan cannot see them.
 Each site and each reached function is classified from the one reviewed table
-(kimi_hotfix.audit.reviewed), by qualified name and normalised source hash:
+(kimi_hotfix.tools.audit.reviewed), by qualified name and normalised source hash:
 covered by a patch, harmless (why), uncovered (why), or not reviewed (new, or
 changed since review).
 
@@ -32,7 +32,7 @@ import json
 import sys
 import textwrap
 
-from kimi_hotfix.audit import reviewed as _reviewed
+from kimi_hotfix.tools.audit import reviewed as _reviewed
 
 CLASSES = (_reviewed.COVERED, _reviewed.HARMLESS, _reviewed.UNCOVERED, _reviewed.NOT_REVIEWED)
 
@@ -91,7 +91,7 @@ def run(root=None, *, tests=None, depth=None, use_cache=True, keep=None) -> dict
     import time
 
     from kimi_hotfix import __version__
-    from kimi_hotfix.audit import scan
+    from kimi_hotfix.tools.audit import scan
 
     t0 = time.perf_counter()
     result = scan.scan(root, depth=depth or scan.DEFAULT_DEPTH, use_cache=use_cache,
@@ -177,14 +177,14 @@ def print_report(result, out=None, verbose=False):
     if result["unparsed"]:
         w(f"could not parse: {', '.join(result['unparsed'])}\n")
     if not result["all_reviewed"]:
-        w("some sites or reached functions are not reviewed: see kimi_hotfix/audit/reviewed.py\n")
+        w("some sites or reached functions are not reviewed: see kimi_hotfix/tools/audit/reviewed.py\n")
 
 
 # -- command line ---------------------------------------------------------------------
 
 
 def add_parser(sub):
-    """The ``audit`` subcommand (kimi_hotfix.cli)."""
+    """The ``audit`` subcommand (kimi_hotfix.tools.cli)."""
     au = sub.add_parser("audit", help="static scan of the installed vLLM for code that steers "
                                       "by AssertionError (does not import vLLM)")
     au.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,9 +1,9 @@
 """The store: each patch's state in this process, what is installed, what it cost.
 
-Tables only, no policy (kimi_hotfix.core decides what is written, when, and
+Tables only, no policy (kimi_hotfix.runtime.core decides what is written, when, and
 who is told). One lock, held only for short reads and writes: no patch code,
 import or logging runs under it (a patch's check and apply run between
-``begin`` and ``end``, outside it). Imports only kimi_hotfix.base and the stdlib.
+``begin`` and ``end``, outside it). Imports only kimi_hotfix.runtime.base and the stdlib.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
-from kimi_hotfix.base import Kind, State
+from kimi_hotfix.runtime.base import Kind, State
 
 _lock = threading.RLock()
 _config = None

@@ -19,7 +19,7 @@ patching every process while the operator believes it is out is the failure
 nobody sees. Off is loud instead: the warning, every patch ``disabled
 (KIMI_HOTFIX=<value>)`` in the summary line, ``status`` exits 3, ``check``
 fails where a patch is needed. Warnings are (message, args) pairs of the
-catalog in kimi_hotfix.messages; ``Config.warning_texts`` renders them.
+catalog in kimi_hotfix.runtime.messages; ``Config.warning_texts`` renders them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from kimi_hotfix import messages
+from kimi_hotfix.runtime import messages
 
 TRUE = ("1", "on", "true", "yes")
 FALSE = ("0", "off", "false", "no")
@@ -107,7 +107,7 @@ def _names(name, value, valid, warnings):
 
 def parse(valid_names, environ=None, switches=()) -> Config:
     """``valid_names``: the patches; ``switches``: what else KIMI_HOTFIX_DISABLE
-    (not FORCE) may name (-O parity, kimi_hotfix.parity)."""
+    (not FORCE) may name (-O parity, kimi_hotfix.runtime.parity)."""
     env = os.environ if environ is None else environ
     warnings: list = []
     valid = tuple(valid_names)

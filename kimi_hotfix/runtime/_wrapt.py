@@ -16,7 +16,7 @@ container's own wrapt; scripts/bundle checks the private copy for that.)
 
 ``load()`` imports and returns the wrapt to use (ImportError when there is
 none); ``status`` says which one it would use, importing nothing
-(kimi_hotfix.status.find_wrapt).
+(kimi_hotfix.tools.status.find_wrapt).
 
 wrapt's post-import hooks share one lock (``wrapt.importer``), taken by its
 finder on every import once a hook is registered (and, in wrapt 1.x, held
@@ -31,7 +31,7 @@ from __future__ import annotations
 import importlib
 import os
 
-VENDORED = __name__.rpartition(".")[0] + "._vendor.wrapt"  # kimi_hotfix._vendor.wrapt
+VENDORED = __name__.split(".")[0] + "._vendor.wrapt"  # kimi_hotfix._vendor.wrapt
 VENDOR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vendor")
 VENDORED_REQUIREMENT = "wrapt>=1.14,<2"
 

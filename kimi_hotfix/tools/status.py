@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import sys
 
-from kimi_hotfix import __version__, versions
-from kimi_hotfix.base import Kind, State, describe
+from kimi_hotfix import __version__
+from kimi_hotfix.runtime import versions
+from kimi_hotfix.runtime.base import Kind, State, describe
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "kimi_hotfix"
@@ -33,7 +34,7 @@ def _compiled(package_dir):
 
 def _vendored_version():
     """The version in the dist-info pip installed next to the private copy."""
-    from kimi_hotfix._wrapt import VENDOR_DIR
+    from kimi_hotfix.runtime._wrapt import VENDOR_DIR
 
     try:
         infos = sorted(n for n in os.listdir(VENDOR_DIR)
@@ -52,10 +53,10 @@ def _vendored_version():
 
 
 def find_wrapt() -> dict:
-    """Which wrapt ``kimi_hotfix._wrapt.load()`` would return, without importing it:
+    """Which wrapt ``kimi_hotfix.runtime._wrapt.load()`` would return, without importing it:
     ``{"source": "vendored" | "top-level" | None, "module", "path", "version",
     "compiled"}``."""
-    from kimi_hotfix._wrapt import VENDORED, vendored_dir
+    from kimi_hotfix.runtime._wrapt import VENDORED, vendored_dir
 
     vendored = vendored_dir()
     if vendored is not None:
@@ -314,8 +315,7 @@ def deployment() -> dict:
     in a process started like this one (the sitecustomize loaded here, or the
     vLLM plugin)? Not whether something (``check``) armed it here by hand.
     ``enabled``: KIMI_HOTFIX does not turn it off."""
-    from kimi_hotfix import config, registry
-
+    from kimi_hotfix.runtime import config, registry
     python = _python_info()
     cfg = config.parse(registry.names())
     shim = _shim_info(python)
@@ -326,9 +326,8 @@ def deployment() -> dict:
 
 # what a vLLM process loads of the shim (at arming, at the targets' imports, at
 # prometheus_client's), besides the patch modules
-RUNTIME = ("kimi_hotfix.core", "kimi_hotfix.metrics", "kimi_hotfix.scrape", "kimi_hotfix.patching",
-           "kimi_hotfix.outcome", "kimi_hotfix.wrapping", "kimi_hotfix.importwatch",
-           "kimi_hotfix.parity")
+RUNTIME = tuple(f"kimi_hotfix.runtime.{m}" for m in ("core", "metrics", "scrape", "patching", "outcome",
+                                                     "wrapping", "importwatch", "parity"))
 
 
 def _broken(plugin) -> list:
@@ -346,8 +345,8 @@ def _broken(plugin) -> list:
             importlib.import_module(name)
         except Exception as exc:
             found.append({"module": name, "error": describe(exc)})
-    registry = sys.modules.get("kimi_hotfix.registry")
-    if registry is not None and "kimi_hotfix.patching" in sys.modules:
+    registry = sys.modules.get("kimi_hotfix.runtime.registry")
+    if registry is not None and "kimi_hotfix.runtime.patching" in sys.modules:
         found += [{"module": p.module, "error": p.error} for p in registry.unloadable().values()]
     if plugin["installed"]:
         module, _, attrs = plugin["value"].partition(":")
@@ -397,7 +396,7 @@ def status_report() -> dict:
     shim = _shim_info(python)
     plugin = _plugin_info(shim)
     broken = _broken(plugin)
-    core, registry, config = (sys.modules.get(f"kimi_hotfix.{m}")
+    core, registry, config = (sys.modules.get(f"kimi_hotfix.runtime.{m}")
                               for m in ("core", "registry", "config"))
     names = registry.names() if registry is not None else ()
     cfg = config.parse(names, switches=("o_parity",)) if config is not None else None
@@ -414,14 +413,14 @@ def status_report() -> dict:
                                "log_level": None, "pod_files": None, "set": {}, "warnings": []}
     wrapt = _wrapt_info()
     patches = []
-    usable = registry is not None and "kimi_hotfix.patching" in sys.modules  # the patch API loads
+    usable = registry is not None and "kimi_hotfix.runtime.patching" in sys.modules  # the patch API loads
     parity = None
     if usable:
         try:
             parity = _parity_entry(core, cfg, broken, python["optimize"], vllm_version)
-        except Exception as exc:  # its metadata (kimi_hotfix.parity_probe) cannot load
-            if not any(b["module"] == "kimi_hotfix.parity" for b in broken):  # named already
-                broken.append({"module": "kimi_hotfix.parity_probe", "error": describe(exc)})
+        except Exception as exc:  # its metadata (kimi_hotfix.tools.parity_probe) cannot load
+            if not any(b["module"] == "kimi_hotfix.runtime.parity" for b in broken):  # named already
+                broken.append({"module": "kimi_hotfix.tools.parity_probe", "error": describe(exc)})
     for name, patch in (registry.patches().items() if usable else ()):
         if core is None:  # nothing can arm: every patch fails with the cause
             first = broken[0]
@@ -462,17 +461,17 @@ def status_report() -> dict:
         "toggles": toggles,
         "shim": shim,
         "plugin": plugin,
-        "o_parity": parity,  # -O parity: armed by the shim, not a patch (kimi_hotfix.parity)
+        "o_parity": parity,  # -O parity: armed by the shim, not a patch (kimi_hotfix.runtime.parity)
         "patches": patches,
         "broken": broken,
     }
 
 
 def _parity_entry(core, cfg, broken, optimize, vllm_version):
-    """-O parity (kimi_hotfix.parity: armed by core, not a registry patch), as
-    the patches are listed (its metadata: kimi_hotfix.parity_probe, which raises
+    """-O parity (kimi_hotfix.runtime.parity: armed by core, not a registry patch), as
+    the patches are listed (its metadata: kimi_hotfix.tools.parity_probe, which raises
     where it cannot load)."""
-    from kimi_hotfix.parity_probe import PROBE
+    from kimi_hotfix.tools.parity_probe import PROBE
 
     if core is None:
         first = broken[0]

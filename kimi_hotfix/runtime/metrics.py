@@ -1,8 +1,8 @@
 """Fleet visibility: every vLLM process's states on the server's ``/metrics``:
 this process's record, written where the scrape reads it (the serving side,
-loaded when prometheus_client is imported: kimi_hotfix.scrape).
+loaded when prometheus_client is imported: kimi_hotfix.runtime.scrape).
 
-What the scrape shows (the series, their labels): kimi_hotfix.scrape.
+What the scrape shows (the series, their labels): kimi_hotfix.runtime.scrape.
 
 How each process's states reach the one process vLLM serves ``/metrics`` from
 (vLLM 0.29: vllm/entrypoints/serve/instrumentator/metrics.py and
@@ -22,7 +22,7 @@ vllm/v1/metrics/prometheus.py):
   from the name. docs/security.md says what is trusted and why.
 * **Multiprocess mode** (``PROMETHEUS_MULTIPROC_DIR`` set: ``vllm serve
   --api-server-count N``, or the operator's own): each process writes its
-  series as prometheus_client gauges in that directory (kimi_hotfix.scrape).
+  series as prometheus_client gauges in that directory (kimi_hotfix.runtime.scrape).
 
 Files: created exclusively (``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600) in a
 directory opened without following links and checked to be this user's own
@@ -33,7 +33,7 @@ the outside is parsed strictly and fails that entry alone. ``KIMI_HOTFIX_POD_FIL
 writes none of these files (the scrape then shows the API server's own states,
 and multiprocess mode sweeps nothing).
 
-kimi_hotfix.core hands ``publish`` a snapshot on every change (this module
+kimi_hotfix.runtime.core hands ``publish`` a snapshot on every change (this module
 never asks for the states); it imports neither prometheus_client nor vLLM.
 Hooks and writes catch their own errors (the scrape then lacks the shim's
 series; one warning); vLLM's own metrics and registries are never touched.
@@ -48,7 +48,7 @@ import re
 import stat
 import tempfile
 
-from kimi_hotfix import identity, messages, versions
+from kimi_hotfix.runtime import identity, messages, versions
 
 STATE_METRIC = "kimi_hotfix_patch_state"
 INFO_METRIC = "kimi_hotfix_info"
@@ -73,9 +73,9 @@ GAUGE = "gauge_liveall_{}.db"
 MAX_RECORD = 65536  # bytes: a record is a few hundred
 PID_MAX = 1 << 22  # the kernel's pid_max ceiling
 
-_told = None  # the last snapshot kimi_hotfix.core told this module (states, costs, toggles)
+_told = None  # the last snapshot kimi_hotfix.runtime.core told this module (states, costs, toggles)
 _installed = False
-_gauges = None  # multiprocess mode: the writer of this process's series (kimi_hotfix.scrape.Gauges)
+_gauges = None  # multiprocess mode: the writer of this process's series (kimi_hotfix.runtime.scrape.Gauges)
 _pod = None  # default mode: the pod directory
 _owner = None  # the pid that created the pod directory (it removes it at exit)
 _lock_fd = None  # the flock on the pod's owner.lock, held by the process that made it
@@ -360,7 +360,7 @@ def _multiproc_dir():
 
 def publish(snapshot=None) -> None:
     """Write this process's record where the scrape reads it: on every change
-    (``snapshot``: kimi_hotfix.core tells it), and after every patch target's
+    (``snapshot``: kimi_hotfix.runtime.core tells it), and after every patch target's
     import (the last snapshot, under the role the process has by then)."""
     global _told
     if snapshot is not None:
@@ -422,19 +422,18 @@ def _on_target(_module) -> None:
 
 
 def install(snapshot: dict, targets=()) -> bool:
-    """Export ``snapshot`` (kimi_hotfix.core.snapshot: the states, costs and
+    """Export ``snapshot`` (kimi_hotfix.runtime.core.snapshot: the states, costs and
     toggles; ``publish`` gets each new one) on vLLM's ``/metrics``, once per
     process; ``targets``: the patches' modules (their import is published,
     after the patches' own hooks). Call it after those hooks are registered;
-    kimi_hotfix.scrape serves the records once prometheus_client is imported.
+    kimi_hotfix.runtime.scrape serves the records once prometheus_client is imported.
     True where it installed now; False where it was already, where wrapt is
     missing, or where it failed (warned). Never raises."""
     global _told, _installed
     if _installed:
         return False  # installed already (once per process)
     try:
-        from kimi_hotfix import _wrapt
-
+        from kimi_hotfix.runtime import _wrapt
         wrapt = _wrapt.load()
     except ImportError:
         return False

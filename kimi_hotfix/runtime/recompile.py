@@ -18,7 +18,7 @@ the original). Nothing of the source runs before that check (the def is found
 in the compiled module, not executed) nor after it (defaults, annotations and
 decorators are not evaluated: the result takes the running function's). The
 running code was compiled at the interpreter's optimize level, or, for vLLM's
-modules under ``-O`` parity (kimi_hotfix.parity), plain: the check finds which,
+modules under ``-O`` parity (kimi_hotfix.runtime.parity), plain: the check finds which,
 and the edited function is compiled at that level.
 
 Compiled "the way the interpreter compiled the module" means, on every Python
@@ -40,7 +40,7 @@ import linecache
 import sys
 import types
 
-from kimi_hotfix.base import PatchError
+from kimi_hotfix.runtime.base import PatchError
 
 # The co_flags bits that record the module's ``from __future__`` imports
 # (nested_scopes' bit is CO_NESTED, a property of the def, not an import).
@@ -459,7 +459,7 @@ def recompile(func, edit, *, optimize=-1, cells=None):
     tree = _undecorated(function_ast(func))
     running = _fingerprint(func.__code__)
     # the level the running code was compiled at: the interpreter's, or plain
-    # (vLLM's modules under -O parity: kimi_hotfix.parity)
+    # (vLLM's modules under -O parity: kimi_hotfix.runtime.parity)
     levels = dict.fromkeys((sys.flags.optimize, 0))
     found = next(((level, imported) for level in levels for imported in _declarations(filename)
                   if _fingerprint(_def_code(_compile(func, tree, level, {}, imported))) == running),

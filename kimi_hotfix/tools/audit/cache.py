@@ -13,7 +13,7 @@ directory cannot be created or written, the audit runs without writing (the
 report says why) and still reads what is there; where there is no directory to
 name (``HOME`` unset, a uid without a passwd entry) it neither reads nor writes.
 An entry is used only where it has the shape of a summary
-(``kimi_hotfix.audit.summary.valid``): anything else is a miss, and is rewritten.
+(``kimi_hotfix.tools.audit.summary.valid``): anything else is a miss, and is rewritten.
 """
 
 from __future__ import annotations

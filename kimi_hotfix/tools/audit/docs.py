@@ -1,6 +1,6 @@
 """docs/audit.md's generated part: the audit's table for each release.
 
-    python -m kimi_hotfix.audit.docs docs/audit.md RELEASE=VLLM_PACKAGE_DIR ... \
+    python -m kimi_hotfix.tools.audit.docs docs/audit.md RELEASE=VLLM_PACKAGE_DIR ... \
         [--tests RELEASE=SDIST_TESTS_DIR ...]
 
 Rewrites the text between ``<!-- audit-tables -->`` and ``<!-- /audit-tables -->``
@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 import sys
 
-from kimi_hotfix import audit
-from kimi_hotfix.audit import reviewed
+from kimi_hotfix.tools import audit
+from kimi_hotfix.tools.audit import reviewed
 
 BEGIN, END = "<!-- audit-tables -->", "<!-- /audit-tables -->"
 KIND = {"except": "except", "suppress": "suppress", "validator": "validator"}

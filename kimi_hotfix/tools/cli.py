@@ -1,15 +1,15 @@
 """Operator commands: ``python -m kimi_hotfix status|check [--json]``.
 
 status  What the shim would do in THIS interpreter, without importing vLLM,
-        torch or wrapt (kimi_hotfix.status: the report and its renderer).
-check   The preflight (kimi_hotfix.preflight: the report and its renderer):
+        torch or wrapt (kimi_hotfix.tools.status: the report and its renderer).
+check   The preflight (kimi_hotfix.tools.preflight: the report and its renderer):
         imports the installed vLLM and runs each patch's probe on the real vLLM
         code without and with the patch.
 audit   A static scan of the installed vLLM's source for code that steers by
-        AssertionError, classified from a reviewed table (kimi_hotfix.audit).
+        AssertionError, classified from a reviewed table (kimi_hotfix.tools.audit).
 
 Exit status: ``EXIT_CODES`` below, the one table that ``--help`` prints and
-the README's exit-code table is generated from (kimi_hotfix.docs).
+the README's exit-code table is generated from (kimi_hotfix.tools.docs).
 """
 
 from __future__ import annotations
@@ -19,8 +19,19 @@ import json
 import os
 import sys
 
-from kimi_hotfix import __version__, versions
-from kimi_hotfix.exitcodes import ANY, CANNOT, COMMANDS, EXIT_CODES, FAILED, OK, PIPE, UNARMED, exit_help  # noqa: F401
+from kimi_hotfix import __version__
+from kimi_hotfix.runtime import versions
+from kimi_hotfix.tools.exitcodes import (  # noqa: F401
+    ANY,
+    CANNOT,
+    COMMANDS,
+    EXIT_CODES,
+    FAILED,
+    OK,
+    PIPE,
+    UNARMED,
+    exit_help,
+)
 
 # -- entry point ------------------------------------------------------------
 
@@ -53,7 +64,7 @@ def build_parser():
         epilog=exit_help(("check",)), formatter_class=raw,
     )
     ck.add_argument("--json", action="store_true", help="print one JSON object")
-    from kimi_hotfix import audit  # audit: a static scan of vLLM's source (stdlib only)
+    from kimi_hotfix.tools import audit  # audit: a static scan of vLLM's source (stdlib only)
 
     au = audit.add_parser(sub)
     au.epilog, au.formatter_class = exit_help(("audit",)), raw
@@ -71,11 +82,9 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-    from kimi_hotfix import status
-
+    from kimi_hotfix.tools import status
     if args.command == "audit":
-        from kimi_hotfix import audit
-
+        from kimi_hotfix.tools import audit
         return audit.main(args)
     if args.command == "status":
         report = status.status_report()
@@ -96,8 +105,7 @@ def _run(args) -> int:
             print(json.dumps({"error": message, "vllm": None, "patches": [], "removable": None}))
         print(message, file=sys.stderr)
         return CANNOT
-    from kimi_hotfix import preflight
-
+    from kimi_hotfix.tools import preflight
     rerun = preflight.rerun_on_cpu(["--json"] if args.json else [])
     if rerun is not None:  # vLLM infers no device here: the probes ran on CPU, in a child
         return rerun

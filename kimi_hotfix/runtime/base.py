@@ -2,8 +2,8 @@
 
 Cheap to import (stdlib only; no vLLM, torch or wrapt): every process that
 arms loads it, and ``status`` without importing vLLM. What a patch is and what
-it decides: kimi_hotfix.patching. What each state (``Kind``) means, as the
-summary line, ``status`` and ``check`` report it: kimi_hotfix.docs.STATES (the
+it decides: kimi_hotfix.runtime.patching. What each state (``Kind``) means, as the
+summary line, ``status`` and ``check`` report it: kimi_hotfix.tools.docs.STATES (the
 README's and docs/troubleshooting.md's table).
 """
 

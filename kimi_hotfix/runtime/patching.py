@@ -1,10 +1,10 @@
 """The patch API: what a patch is (``Patch``), what it decides (``Decision``:
 ``needed``, ``fixed``, ``absent``, ``cannot_tell``), what its ``apply`` gets
 (``Context``) and what its probe returns (``ProbeResult``); ``Unloadable``
-stands for a patch whose module cannot load (kimi_hotfix.registry).
+stands for a patch whose module cannot load (kimi_hotfix.runtime.registry).
 
 A patch module under ``kimi_hotfix/patches/`` defines one ``Patch`` subclass
-and an instance named ``PATCH``; kimi_hotfix.core runs it when vLLM imports the
+and an instance named ``PATCH``; kimi_hotfix.runtime.core runs it when vLLM imports the
 patch's target, so this module loads then, not at arming. Stdlib only.
 """
 
@@ -14,8 +14,8 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from kimi_hotfix import versions
-from kimi_hotfix.base import PatchError, StrEnum, describe
+from kimi_hotfix.runtime import versions
+from kimi_hotfix.runtime.base import PatchError, StrEnum, describe
 
 
 class Verdict(StrEnum):
@@ -78,7 +78,7 @@ class ProbeResult:
 
 
 class Context(abc.ABC):
-    """What ``Patch.apply`` gets, bound to that patch (kimi_hotfix.wrapping)."""
+    """What ``Patch.apply`` gets, bound to that patch (kimi_hotfix.runtime.wrapping)."""
 
     name: str
 
@@ -185,7 +185,7 @@ class Unloadable(Patch):
 
     def __init__(self, modname: str, exc: BaseException, target: str = ""):
         self.name, self.target = modname, target
-        self.module = f"{__name__.rpartition('.')[0]}.patches.{modname}"
+        self.module = f"{__name__.split('.')[0]}.patches.{modname}"
         self.error = describe(exc)
         self.why = f"cannot load {self.module} ({self.error})"
         self.summary = self.decides = self.probe_title = f"its module {self.module} cannot load"

@@ -2,7 +2,7 @@
 
 What a check that cannot tell becomes (the patch applies: the safe side, with
 a warning), what a forced patch and a failing apply become, and the error
-strict mode raises; kimi_hotfix.core records the outcome and says it. Loaded
+strict mode raises; kimi_hotfix.runtime.core records the outcome and says it. Loaded
 when vLLM first imports a target (and by ``check``).
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from kimi_hotfix import messages, wrapping
-from kimi_hotfix.base import KimiHotfixError, Kind, PatchError, State
-from kimi_hotfix.patching import Decision, Verdict, cannot_tell
+from kimi_hotfix.runtime import messages, wrapping
+from kimi_hotfix.runtime.base import KimiHotfixError, Kind, PatchError, State
+from kimi_hotfix.runtime.patching import Decision, Verdict, cannot_tell
 
 
 def decide(patch, module, optimize: Optional[int] = None) -> Decision:

@@ -2,7 +2,7 @@
 
 The package logs only through ``emit(MESSAGE, *args)`` (a unit test scans the
 code for any other logging call), so this catalog is complete: the table of
-docs/troubleshooting.md is generated from it (kimi_hotfix.docs) and lists every
+docs/troubleshooting.md is generated from it (kimi_hotfix.tools.docs) and lists every
 line an operator can see, what it means and what to do. The bootstrap
 (sitecustomize.py) cannot import the package when the package is broken; it
 carries the text of ``INACTIVE`` itself, and a test checks the two agree.
@@ -40,8 +40,8 @@ SUMMARY = Message(
     "plain code in place), partial, off, failed",
     "expect it from every vLLM process (states below)")
 INACTIVE = Message(
-    logging.WARNING, "kimi-hotfix inactive: cannot load kimi_hotfix.core (%s); vLLM runs unpatched",
-    "kimi-hotfix inactive: cannot load kimi_hotfix.core (<error>); vLLM runs unpatched",
+    logging.WARNING, "kimi-hotfix inactive: cannot load kimi_hotfix.runtime.core (%s); vLLM runs unpatched",
+    "kimi-hotfix inactive: cannot load kimi_hotfix.runtime.core (<error>); vLLM runs unpatched",
     "the shim's own files are broken or incomplete in this image",
     "reinstall or remount the shim; run `status`")
 WRAPT_MISSING = Message(
@@ -182,8 +182,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record):
         import json
 
-        from kimi_hotfix import identity
-
+        from kimi_hotfix.runtime import identity
         out = {"time": self.formatTime(record), "logger": "kimi-hotfix", "pid": record.process,
                "role": identity.role(), "level": record.levelname, "message": record.getMessage()}
         out.update(getattr(record, "kimi_hotfix", None) or {})

@@ -17,7 +17,7 @@ to do; ``KIMI_HOTFIX_DISABLE=o_parity`` or ``KIMI_HOTFIX=0`` turn it off):
   starts, before any module of vLLM has run). For ``vllm`` and ``vllm.*`` it
   asks the finders after it and, where the spec's loader is Python's own
   ``SourceFileLoader``, loads the module with ``PlainLoader``: the plain
-  ``.pyc`` where Python's own rule accepts it (kimi_hotfix.bytecode; pip
+  ``.pyc`` where Python's own rule accepts it (kimi_hotfix.runtime.bytecode; pip
   writes these at install), else the source compiled with ``optimize=0``,
   cached as plain Python caches it (the plain ``.pyc``, where Python may
   write bytecode). Asserts, ``if __debug__:`` blocks and docstrings are plain
@@ -59,7 +59,7 @@ import threading
 import types
 from typing import Optional
 
-from kimi_hotfix import bytecode
+from kimi_hotfix.runtime import bytecode
 
 PACKAGE = "vllm"
 NAME = "o_parity"  # its name in KIMI_HOTFIX_DISABLE and on /metrics
@@ -132,7 +132,7 @@ class PlainFinder:
 
 
 class Report:
-    """What parity did in this process (read by kimi_hotfix.core)."""
+    """What parity did in this process (read by kimi_hotfix.runtime.core)."""
 
     def __init__(self):
         self.late: list = []  # vLLM modules that had run before arming
@@ -204,8 +204,7 @@ def arm(changed=None) -> Report:
         meta_path.insert(at, finder)
         sys.meta_path = meta_path  # a new list: another thread's walk of the old one goes on
         _finder, _report = finder, report
-    from kimi_hotfix import importwatch
-
+    from kimi_hotfix.runtime import importwatch
     loaded = []
     for name, module in list(sys.modules.items()):
         if not is_vllm(name) or module is None or runs_plain(module):

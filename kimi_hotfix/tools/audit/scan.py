@@ -38,9 +38,9 @@ import sys
 import time
 from pathlib import Path
 
-from kimi_hotfix import versions
-from kimi_hotfix.audit import cache as _cache
-from kimi_hotfix.audit import summary as _summary
+from kimi_hotfix.runtime import versions
+from kimi_hotfix.tools.audit import cache as _cache
+from kimi_hotfix.tools.audit import summary as _summary
 
 SCAN_VERSION = 4  # bump when the summary's content changes: old cache entries are ignored
 DEFAULT_DEPTH = 2  # call hops followed from a guarded block

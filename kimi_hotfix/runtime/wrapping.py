@@ -38,8 +38,8 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from kimi_hotfix.base import MARKER, PatchError, is_wrapped  # noqa: F401
-from kimi_hotfix.patching import Context
+from kimi_hotfix.runtime.base import MARKER, PatchError, is_wrapped  # noqa: F401
+from kimi_hotfix.runtime.patching import Context
 
 _install_lock = threading.Lock()  # held for one check-and-set, never around patch code
 OUR_TYPES = ("KimiHotfixWrapper", "KimiHotfixBoundWrapper")  # wrapper_class's, in any copy

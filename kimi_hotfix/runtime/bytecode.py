@@ -16,7 +16,7 @@ Otherwise it compiles the source (and writes a timestamp ``.pyc``, or a
 checked-hash one where it replaces one, unless it may not write bytecode).
 ``cached`` says which case a file is in, ``load`` gives the code Python would
 take from a ``.pyc`` and ``dump`` the ``.pyc`` it would write
-(kimi_hotfix.parity loads vLLM's modules with the plain-Python ``.pyc`` by
+(kimi_hotfix.runtime.parity loads vLLM's modules with the plain-Python ``.pyc`` by
 this rule), and
 ``not_the_running_source`` says when the ``.py`` on disk cannot be the source
 of the code this process runs: the bytecode Python used records another

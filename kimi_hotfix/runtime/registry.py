@@ -6,7 +6,7 @@ when vLLM imports the patch's target (``get``), or when a tool asks for them
 all (``patches``). A patch module that cannot be loaded (missing, a syntax
 error, an exception at import, in it or in a shim module it imports) is not
 allowed to take the others, or the host, down with it: it is registered as an
-``Unloadable`` patch (kimi_hotfix.patching) under its module's name, which
+``Unloadable`` patch (kimi_hotfix.runtime.patching) under its module's name, which
 reads ``failed`` with the cause, wraps nothing, and is never asked again.
 """
 
@@ -21,7 +21,7 @@ _patches: dict = {}  # name -> Patch, as loaded
 
 
 def _load(modname: str):
-    from kimi_hotfix import patching  # the patch API: where it cannot load, no patch can
+    from kimi_hotfix.runtime import patching  # the patch API: where it cannot load, no patch can
 
     try:
         patch = importlib.import_module(f"kimi_hotfix.patches.{modname}").PATCH
@@ -56,7 +56,7 @@ def broken(name: str):
     found = _patches.get(name)
     if found is None:
         return None
-    from kimi_hotfix.patching import Unloadable
+    from kimi_hotfix.runtime.patching import Unloadable
 
     return found.why if isinstance(found, Unloadable) else None
 
@@ -73,8 +73,7 @@ def unloadable() -> dict:
 
 def add(patch) -> None:
     """Register one more patch (tests, and patches kept outside this package)."""
-    from kimi_hotfix import patching
-
+    from kimi_hotfix.runtime import patching
     if not isinstance(patch, patching.Patch):
         raise TypeError(f"{patch!r} is not a patching.Patch")
     _targets[patch.name] = patch.target

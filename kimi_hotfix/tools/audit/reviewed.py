@@ -1,7 +1,7 @@
 """The one reviewed table: what each AssertionError-steered site does under ``-O``.
 
 Keyed by qualified name and the normalised source hash of the function
-(kimi_hotfix.audit.summary.source_hash: formatting, comments and docstrings do
+(kimi_hotfix.tools.audit.summary.source_hash: formatting, comments and docstrings do
 not count; any change to code does). A function found with a hash that is not
 listed here shows as "not reviewed (changed since review)", whatever its name
 says. Each row was decided by reading the function in the release named next
@@ -9,7 +9,7 @@ to its hash, and its callers where the row says so.
 
 Verdicts:
   covered    the shim restores plain-Python behaviour there: ``o_parity`` (-O
-             parity, kimi_hotfix.parity: every assert of vLLM's own modules) or
+             parity, kimi_hotfix.runtime.parity: every assert of vLLM's own modules) or
              a patch of this package
   harmless   ``-O`` cannot change what a server does there (the reason says why)
   uncovered  ``-O`` can change behaviour there and the shim does not cover it
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from kimi_hotfix.patches import PATCH_MODULES
 
-O_PARITY = "o_parity"  # -O parity (kimi_hotfix.parity): armed by the shim, not a registry patch
+O_PARITY = "o_parity"  # -O parity (kimi_hotfix.runtime.parity): armed by the shim, not a registry patch
 
 COVERED = "covered"
 HARMLESS = "harmless"

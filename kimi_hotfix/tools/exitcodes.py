@@ -1,6 +1,6 @@
 """The exit codes of ``python -m kimi_hotfix``: one table, what ``--help``
-prints (kimi_hotfix.cli), what ``check`` returns (kimi_hotfix.preflight) and
-what docs/operations.md shows (kimi_hotfix.docs). Stdlib only."""
+prints (kimi_hotfix.tools.cli), what ``check`` returns (kimi_hotfix.tools.preflight) and
+what docs/operations.md shows (kimi_hotfix.tools.docs). Stdlib only."""
 
 from __future__ import annotations
 

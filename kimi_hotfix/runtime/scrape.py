@@ -1,4 +1,4 @@
-"""The scrape's side of the exporter (kimi_hotfix.metrics): loaded when
+"""The scrape's side of the exporter (kimi_hotfix.runtime.metrics): loaded when
 prometheus_client is imported, which a process that never serves or exports
 metrics never does.
 
@@ -15,11 +15,11 @@ server, the EngineCore, the workers), labelled with its ``pid`` and vLLM's
 * ``kimi_hotfix_info`` is there wherever the shim is on the path of a vLLM
   process, the kill switch included (``enabled="false"``, every patch
   ``disabled``): a vLLM target without it runs without the shim. Its
-  ``o_parity`` label says which -O parity is in force (kimi_hotfix.parity):
+  ``o_parity`` label says which -O parity is in force (kimi_hotfix.runtime.parity):
   ``package``, ``late``, ``partial``, ``off``, ``failed``, or ``plain``
   (no ``-O``: vLLM's asserts are live).
 * ``kimi_hotfix_patch_state`` follows prometheus_client's ``Enum`` convention:
-  one series per patch and state kind (``kimi_hotfix.base.Kind``), 1 for the
+  one series per patch and state kind (``kimi_hotfix.runtime.base.Kind``), 1 for the
   current kind, 0 for the others.
 * ``kimi_hotfix_cost_seconds{phase}``: wall seconds this process spent in the
   shim: ``arm`` (reading the environment, importing wrapt, registering the
@@ -52,7 +52,7 @@ server, the EngineCore, the workers), labelled with its ``pid`` and vLLM's
   a process's role changes (a forked child renamed), the old role's series are
   set to 0. vLLM 0.29 itself writes no ``liveall`` gauge.
 
-What is trusted and why: kimi_hotfix.metrics and docs/security.md.
+What is trusted and why: kimi_hotfix.runtime.metrics and docs/security.md.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from __future__ import annotations
 import json
 import os
 
-from kimi_hotfix import base, identity, metrics
-from kimi_hotfix.metrics import (
+from kimi_hotfix.runtime import base, identity, metrics
+from kimi_hotfix.runtime.metrics import (
     COST_HELP,
     COST_METRIC,
     GAUGE,

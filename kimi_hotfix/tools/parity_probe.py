@@ -1,4 +1,4 @@
-"""``check``'s view of -O parity (kimi_hotfix.parity): its probe, on the real vLLM.
+"""``check``'s view of -O parity (kimi_hotfix.runtime.parity): its probe, on the real vLLM.
 
 A tool's module: ``check`` loads it, a vLLM process never does. Each case
 calls vLLM's own code where plain Python refuses with an ``AssertionError``
@@ -18,8 +18,8 @@ import contextlib
 import importlib
 import sys
 
-from kimi_hotfix import parity, patching
-from kimi_hotfix.patching import ProbeResult
+from kimi_hotfix.runtime import parity, patching
+from kimi_hotfix.runtime.patching import ProbeResult
 
 
 def _mla_before_mamba():
@@ -133,7 +133,7 @@ def _level(module) -> int:
 
 class ParityCheck(patching.Patch):
     """-O parity as ``check`` reports it, next to the patches (no registry entry:
-    kimi_hotfix.core arms it)."""
+    kimi_hotfix.runtime.core arms it)."""
 
     name = "o_parity"
     target = "vllm"
@@ -165,7 +165,7 @@ class ParityCheck(patching.Patch):
         return patching.needed("-O strips vLLM's asserts")
 
     def apply(self, module, ctx):
-        raise NotImplementedError("-O parity is armed by kimi_hotfix.core, not applied")
+        raise NotImplementedError("-O parity is armed by kimi_hotfix.runtime.core, not applied")
 
     _on = True
 
@@ -198,8 +198,7 @@ class ParityCheck(patching.Patch):
     def toggled(self, on: bool):
         """``check``'s toggle: within the block the probe runs with parity (on)
         or without it; nothing else in the process changes."""
-        from kimi_hotfix import core
-
+        from kimi_hotfix.runtime import core
         self._on = on
         try:
             yield core.parity_state()

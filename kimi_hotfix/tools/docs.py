@@ -1,7 +1,7 @@
 """The generated tables of README.md and docs/troubleshooting.md: what the shim
 fixes (from the patches' metadata, -O parity's first), every line it can log (from
-kimi_hotfix.messages: docs/troubleshooting.md), the states, and the exit codes
-of the commands (from kimi_hotfix.exitcodes, which ``--help`` prints too).
+kimi_hotfix.runtime.messages: docs/troubleshooting.md), the states, and the exit codes
+of the commands (from kimi_hotfix.tools.exitcodes, which ``--help`` prints too).
 
 ``scripts/docs`` writes them between the pages' markers; a unit test fails
 when a page differs from ``render(its text)``. Imports no vLLM.
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 
-from kimi_hotfix import __version__, exitcodes, messages, registry
-from kimi_hotfix.base import Kind
+from kimi_hotfix import __version__
+from kimi_hotfix.runtime import messages, registry
+from kimi_hotfix.runtime.base import Kind
+from kimi_hotfix.tools import exitcodes
 
 STATES = {
     Kind.PENDING: "armed; this process has not imported the patch's module (yet)",
@@ -30,7 +32,7 @@ STATES = {
 def patch_table() -> str:
     rows = ["| what you see | patch | what it changes | upstream | fixed in |",
             "|---|---|---|---|---|"]
-    from kimi_hotfix import parity_probe  # -O parity's metadata, next to the patches'
+    from kimi_hotfix.tools import parity_probe  # -O parity's metadata, next to the patches'
 
     for patch in (parity_probe.PROBE, *registry.patches().values()):
         for i, symptoms in enumerate(patch.symptom_rows):
