@@ -1,14 +1,16 @@
-"""The patch registry: one module (or subpackage) per patch, named here with
-the vLLM module whose import triggers it.
+"""The table of patches: each patch's name (its folder under kimi_hotfix/patches/)
+and the vLLM module whose import triggers it. Arming reads this table only;
+the registry (kimi_hotfix.runtime.registry) loads a patch's folder when vLLM
+imports its target, and gives the patch its name and target from here.
 
-Each defines ``PATCH``, an instance of a ``kimi_hotfix.runtime.patching.Patch`` subclass
-(its ``target`` is the module named here: a unit test keeps them equal), and
-its header says why it exists, what it changes, the upstream fix and the vLLM
-release that carries it, and how the patch decides it is no longer needed.
-A process loads a patch's module when vLLM imports its target, not before:
-arming reads this table only. Adding a patch is its module plus one line
-below (DEVELOPING.md); the README's table is generated from the patches'
-metadata (scripts/docs).
+A patch's folder: ``__init__.py``, what a vLLM process runs (the ``Patch``
+subclass and ``PATCH``; its header says why it exists, what it changes, the
+upstream fix and the release that carries it, and how the patch decides it is
+no longer needed); ``about.py``, what the tools say about it
+(kimi_hotfix.tools.about); ``probe.py``, its preflight probe (``check``);
+``standins.py``, the stand-in target modules the unit tier builds; where
+the audit has rows the patch covers, ``covers.py``. Adding a
+patch: ``scripts/new-patch NAME MODULE:QUALNAME`` (DEVELOPING.md).
 """
 
 PATCHES = {
@@ -16,4 +18,3 @@ PATCHES = {
     "capture_workspace": "vllm.v1.worker.gpu.cudagraph_utils",
     "kda_overlong_rows": "vllm.models.kimi_k3.nvidia.kda_metadata",
 }
-PATCH_MODULES = tuple(PATCHES)

@@ -32,7 +32,8 @@ import importlib
 import os
 
 VENDORED = __name__.split(".")[0] + "._vendor.wrapt"  # kimi_hotfix._vendor.wrapt
-VENDOR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vendor")
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kimi_hotfix/
+VENDOR_DIR = os.path.join(_PACKAGE_DIR, "_vendor")
 VENDORED_REQUIREMENT = "wrapt>=1.14,<2"
 
 

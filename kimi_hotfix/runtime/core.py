@@ -16,7 +16,7 @@ each change, in every forked child, and at exit where a pending patch turns
 ``not loaded``) and who is told of a change (``listeners`` get a snapshot:
 kimi_hotfix.runtime.metrics), exit and fork. It names no patch.
 
-Containment: an arming, hook, check or apply failure ends in ``failed`` (with
+Containment: an arming, hook, decide or apply failure ends in ``failed`` (with
 its reason, logged once) and vLLM's original behaviour stays; the host's import
 never fails because of us, unless KIMI_HOTFIX_STRICT=1 asks for a hard failure
 (KimiHotfixError) on every one of these paths. No lock is held while a patch's
@@ -49,15 +49,9 @@ for _package in (__package__.split(".")[0], __package__):  # a namespace package
 __version__ = versions.SHIM
 # -O parity (kimi_hotfix.runtime.parity): armed here, before any target; no registry patch
 O_PARITY = "o_parity"
-patches = registry.patches
-patch_names = registry.names
 armed_by = state.armed_by
 current_config = state.config
 listeners: list = []  # called with a snapshot (no lock held) wherever the line may have changed
-
-
-def load_wrapt():
-    return _wrapt.load()  # the bundle's private copy, else the top-level wrapt
 
 
 def _strict() -> bool:
@@ -129,7 +123,7 @@ def _arm(source: str) -> None:
     if not pending:
         return
     try:
-        wrapt = load_wrapt()
+        wrapt = _wrapt.load()
     except ImportError as exc:
         _fail_pending("wrapt is not installed")
         messages.emit(messages.WRAPT_MISSING)
@@ -226,7 +220,7 @@ def _install_metrics() -> None:
         from kimi_hotfix.runtime import metrics
         if metrics.install(snapshot(), [registry.target(n) for n in registry.names()
                                         if registry.target(n)]):
-            load_wrapt().register_post_import_hook(_serving, metrics.PROMETHEUS)
+            _wrapt.load().register_post_import_hook(_serving, metrics.PROMETHEUS)
         listeners.append(metrics.publish)
     except Exception as exc:
         _exporter_failed(f"installing the exporter failed ({describe(exc)})", exc)
@@ -269,7 +263,7 @@ def _after_import(name: str):
             settle(name, module)
             return
         try:
-            load_wrapt().register_post_import_hook(_hook(name), registry.target(name))
+            _wrapt.load().register_post_import_hook(_hook(name), registry.target(name))
         except Exception as exc:
             _contained_hook_failure(name, exc)
 
@@ -297,8 +291,9 @@ def settle(name: str, module) -> None:
         return
     started = time.perf_counter()
     try:
-        outcome, error = _outcome().apply(name, registry.get(name), module, context(name, token.records),
-                                          name in state.config().forced, _strict())
+        outcome, error = _outcome().decide_and_apply(name, registry.get(name), module,
+                                                     context(name, token.records),
+                                                     name in state.config().forced, _strict())
         if token.records:  # what it wrapped, re-imported, is settled again there and then
             from kimi_hotfix.runtime import importwatch
             importwatch.watch_reimports(registry.target(name), _reimported)
@@ -371,7 +366,7 @@ def _outcome():
 def context(name: str, records: list):
     """The Context a patch's apply gets: its wraps go to ``records``."""
     from kimi_hotfix.runtime import wrapping
-    return wrapping.PatchContext(name, records, load_wrapt, wrapper_failed, spent)
+    return wrapping.PatchContext(name, records, _wrapt.load, wrapper_failed, spent)
 
 
 # -- wrapper failures and first-call costs (a patch's Context reports them) -------------
@@ -426,7 +421,7 @@ def _settle_reimported(names=None) -> None:
                 if module is not None:
                     settle(name, module)
                 else:
-                    load_wrapt().register_post_import_hook(_hook(name), target)
+                    _wrapt.load().register_post_import_hook(_hook(name), target)
                 now = state.get(name)
                 note = f"settled again: {target} was re-imported"
                 if now.kind != Kind.PENDING:

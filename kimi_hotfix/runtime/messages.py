@@ -88,6 +88,11 @@ WRAPPER_FAILED = Message(
     "kimi-hotfix: <patch> wrapper failed (<error>); <what runs instead>",
     "the patch's own code failed on a call (logged once; the state counts the calls)",
     "the line says what ran instead; report it")
+PATCH_SAYS = Message(
+    logging.WARNING, "kimi-hotfix: %s: %s",
+    "kimi-hotfix: <patch>: <what the patch says>",
+    "a patch's own remark about this process (Context.log), e.g. a case it leaves to vLLM",
+    "read the remark; the patch's state line says whether it applied")
 UNDO_INCOMPLETE = Message(
     logging.WARNING, "kimi-hotfix: undo of %s could not restore %s: replaced since by something else",
     "kimi-hotfix: undo of <patch> could not restore <method>: replaced since by something else",
@@ -152,7 +157,7 @@ CONFIG_LEVEL = Message(
 
 CATALOG = (SUMMARY, INACTIVE, WRAPT_MISSING, ARMING_FAILED, LOAD_FAILED, HOOK_FAILED,
            UNSURE_APPLIED, UNSURE_FAILED, APPLY_FAILED, WRAPPER_FAILED, UNDO_INCOMPLETE, FORK_INTERRUPTED,
-           PARITY_FAILED, PARITY_PARTIAL, METRICS_FAILED, POD_REFUSED, CONFIG_FLAG, CONFIG_NAMES,
+           PATCH_SAYS, PARITY_FAILED, PARITY_PARTIAL, METRICS_FAILED, POD_REFUSED, CONFIG_FLAG, CONFIG_NAMES,
            CONFIG_BOTH, CONFIG_LEVEL)
 
 

@@ -1,6 +1,6 @@
-"""One patch's outcome: its check decides, its apply wraps, all or nothing.
+"""One patch's outcome: its decide decides, its apply wraps, all or nothing.
 
-What a check that cannot tell becomes (the patch applies: the safe side, with
+What a decision that cannot tell becomes (the patch applies: the safe side, with
 a warning), what a forced patch and a failing apply become, and the error
 strict mode raises; kimi_hotfix.runtime.core records the outcome and says it. Loaded
 when vLLM first imports a target (and by ``check``).
@@ -17,21 +17,21 @@ from kimi_hotfix.runtime.patching import Decision, Verdict, cannot_tell
 
 
 def decide(patch, module, optimize: Optional[int] = None) -> Decision:
-    """The patch's decision; a check that raises cannot tell (never "not needed"),
+    """The patch's decision; a decide that raises cannot tell (never "not needed"),
     except PatchError: the patch cannot find what it patches."""
     level = sys.flags.optimize if optimize is None else optimize
     try:
-        decision = patch.check(module, level)
+        decision = patch.decide(module, level)
     except PatchError:
         raise
     except Exception as exc:
-        return cannot_tell(f"its check raised {type(exc).__name__}: {exc}")
+        return cannot_tell(f"its decide raised {type(exc).__name__}: {exc}")
     if not isinstance(decision, Decision):
-        return cannot_tell(f"its check returned {decision!r}")
+        return cannot_tell(f"its decide returned {decision!r}")
     return decision
 
 
-def apply(name, patch, module, ctx, forced: bool, strict: bool) -> tuple:
+def decide_and_apply(name, patch, module, ctx, forced: bool, strict: bool) -> tuple:
     """(the new State, a KimiHotfixError to raise in strict mode or None): the
     patch decided and, where it applies (or is ``forced``), applied through
     ``ctx``, whose records are put back if the apply raises."""

@@ -5,21 +5,23 @@ stands for a patch whose module cannot load (kimi_hotfix.runtime.registry).
 
 A patch module under ``kimi_hotfix/patches/`` defines one ``Patch`` subclass
 and an instance named ``PATCH``; kimi_hotfix.runtime.core runs it when vLLM imports the
-patch's target, so this module loads then, not at arming. Stdlib only.
+patch's target, so this module loads then, not at arming. Stdlib only. What only
+the tools read about a patch (its upstream fix, symptoms, expectations by
+release) is kimi_hotfix.tools.about's, in the patch's ``about.py``.
 """
 
 from __future__ import annotations
 
 import abc
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from kimi_hotfix.runtime import versions
 from kimi_hotfix.runtime.base import PatchError, StrEnum, describe
 
 
 class Verdict(StrEnum):
-    """What a patch's check found about the loaded vLLM."""
+    """What a patch's decide found about the loaded vLLM."""
 
     NEEDED = "needed"
     NOT_NEEDED = "not_needed"  # fixed upstream
@@ -78,7 +80,8 @@ class ProbeResult:
 
 
 class Context(abc.ABC):
-    """What ``Patch.apply`` gets, bound to that patch (kimi_hotfix.runtime.wrapping)."""
+    """What ``Patch.apply`` gets, bound to that patch (kimi_hotfix.runtime.wrapping):
+    the one way a patch reaches the shim."""
 
     name: str
 
@@ -98,47 +101,45 @@ class Context(abc.ABC):
         """Seconds the patch's own code spent outside its settle (``first_call``:
         a recompile on the first call), counted on /metrics."""
 
+    @abc.abstractmethod
+    def log(self, detail: str) -> None:
+        """One line in the patch's name through the shim's log
+        (kimi_hotfix.runtime.messages.PATCH_SAYS: the catalog holds its form)."""
 
-def run_probe(patch) -> ProbeResult:
-    """``run()`` of the ``probe`` module beside ``patch``'s own: the tools
-    (``check``) load it; a vLLM process never does, and the patch module never
-    imports it (its probe imports the patch)."""
-    import importlib
 
-    return importlib.import_module(f"{type(patch).__module__}.probe").run()
+QUALNAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 class Patch(abc.ABC):
-    """One hotfix. Subclass it once per module under kimi_hotfix.patches."""
+    """One hotfix: a module under kimi_hotfix.patches defines one subclass and
+    an instance named ``PATCH``. Its name and target come from the table
+    (kimi_hotfix.patches.PATCHES): the registry sets them. What the tools say
+    about it (upstream fix, symptoms, probe) lives beside it in ``about.py``.
 
-    name: str = ""
-    target: str = ""  # the module whose import triggers the patch
-    wraps: tuple = ()  # qualified names inside ``target`` it may replace ("Class.method")
-    wraps_note: str = ""  # prose about ``wraps`` (e.g. "and every other merge with an assert")
-    upstream: str = ""  # the upstream PR / issue
-    fixed_in: str = ""  # the first vLLM release that carries the fix ("" = none yet)
-    affects_from: str = ""  # the first vLLM release with the code path ("" = all)
-    # error strings and symptoms an operator sees; a tuple of tuples: one table row each
-    symptoms: tuple = ()
-    summary: str = ""  # what the patch changes, one line
-    decides: str = ""  # how it decides it is needed, one line
-    probe_title: str = ""  # what the preflight probe does, one line
-    # patches about -O: every release up to this one was measured to guard with assert
-    asserts_measured_up_to: str = ""
+    A subclass must define ``wraps`` (the qualified names inside the target it
+    may replace, "Class.method"), ``decide`` and ``apply``: the class refuses
+    to be defined otherwise."""
 
-    @property
-    def fixed_in_text(self) -> str:
-        return self.fixed_in or "not yet"
+    name: str = ""  # set from kimi_hotfix.patches.PATCHES
+    target: str = ""  # the module whose import triggers the patch (likewise)
+    wraps: tuple = ()
 
-    @property
-    def symptom_rows(self) -> tuple:
-        """The symptoms as rows (the README's table has one row per group)."""
-        if self.symptoms and isinstance(self.symptoms[0], tuple):
-            return self.symptoms
-        return (tuple(self.symptoms),)
+    def __init_subclass__(cls, internal: bool = False, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if internal:
+            return
+        missing = [m for m in ("decide", "apply") if getattr(cls, m) is getattr(Patch, m)]
+        if missing:
+            raise TypeError(f"{cls.__qualname__} does not define {' and '.join(missing)}")
+        wraps = cls.wraps
+        if not isinstance(wraps, tuple) or not wraps:
+            raise TypeError(f"{cls.__qualname__}.wraps must be a non-empty tuple of qualified names")
+        for qualname in wraps:
+            if not isinstance(qualname, str) or not QUALNAME.fullmatch(qualname):
+                raise TypeError(f"{cls.__qualname__}.wraps: {qualname!r} is not a qualified name")
 
     @abc.abstractmethod
-    def check(self, module: Any, optimize: int) -> Decision:
+    def decide(self, module: Any, optimize: int) -> Decision:
         """Decide from the loaded ``module`` (code structure or behaviour, never
         the version string or text a comment could hold) whether a process
         running at ``optimize`` needs it. PatchError: the target is missing."""
@@ -148,39 +149,24 @@ class Patch(abc.ABC):
         """Patch with ``ctx.wrap``; may return a note for the state. All or
         nothing: what it wrapped before raising is put back."""
 
-    @abc.abstractmethod
     def probe(self) -> ProbeResult:
-        """Run the preflight probe on the installed vLLM (imports it); a patch
-        package's is ``run_probe(self)``."""
+        """The preflight probe on the installed vLLM (``check``): ``run()`` of
+        the ``probe`` module beside the patch's own. The tools load it; a vLLM
+        process never does, and the patch module never imports it."""
+        import importlib
+        import importlib.util
 
-    def expect(self, version: Optional[str], optimize: int) -> tuple:
-        """(needed or None, text): a guess from the version string alone, for
-        ``status``, which does not import vLLM. The shim decides from the code."""
-        if version is None:
-            return None, "vLLM not installed: nothing to patch"
-        dev = " (a dev build: the code decides)" if versions.is_prerelease(version) else ""
-        if self.affects_from and not versions.at_least(version, self.affects_from):
-            return False, f"not affected: vLLM {version} < {self.affects_from}{dev}"
-        if self.fixed_in and versions.at_least(version, self.fixed_in):
-            return False, f"not needed: vLLM {version} >= {self.fixed_in}{dev}"
-        return True, f"needed: vLLM {version} < {self.fixed_in or 'any fixed release'}{dev}"
-
-    def expect_optimized(self, version: str, guarded: str) -> tuple:
-        """``expect`` under -O for a patch about ``guarded``'s bare asserts."""
-        measured = self.asserts_measured_up_to
-        if versions.is_prerelease(version) or versions.at_least(version, versions.next_micro(measured)):
-            return None, (f"under -O: unknown for vLLM {version} (measured up to {measured}); "
-                          f"the source check decides (needed while {guarded} guards with assert)")
-        return True, (f"needed under -O: {guarded} guards with bare asserts in every release "
-                      f"up to {measured}")
-
-    def expect_plain_unaffected(self, version: str, why: str) -> tuple:
-        """``expect`` without -O for a patch that only -O needs."""
-        dev = " (a dev build: the code decides)" if versions.is_prerelease(version) else ""
-        return False, f"not affected without -O ({why}){dev}"
+        package = type(self).__module__
+        try:
+            found = importlib.util.find_spec(f"{package}.probe")
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            return ProbeResult(ok=None, error=f"no probe ({package}.probe does not exist)")
+        return importlib.import_module(f"{package}.probe").run()
 
 
-class Unloadable(Patch):
+class Unloadable(Patch, internal=True):
     """Stands in the registry for a patch module that cannot be loaded."""
 
     def __init__(self, modname: str, exc: BaseException, target: str = ""):
@@ -188,9 +174,8 @@ class Unloadable(Patch):
         self.module = f"{__name__.split('.')[0]}.patches.{modname}"
         self.error = describe(exc)
         self.why = f"cannot load {self.module} ({self.error})"
-        self.summary = self.decides = self.probe_title = f"its module {self.module} cannot load"
 
-    def check(self, module, optimize):
+    def decide(self, module, optimize):
         raise PatchError(self.why)
 
     def apply(self, module, ctx):
@@ -198,6 +183,3 @@ class Unloadable(Patch):
 
     def probe(self):
         return ProbeResult(ok=None, error=self.why)
-
-    def expect(self, version, optimize):
-        return None, self.why

@@ -1,5 +1,5 @@
-"""The patches: their names and targets (kimi_hotfix.patches.PATCHES), and
-their modules, each loaded on first use.
+"""The registry: the patches of the table (kimi_hotfix.patches.PATCHES, their
+names and targets), each patch's module loaded on first use.
 
 Arming reads the table only; a patch's module (its class, its helpers) loads
 when vLLM imports the patch's target (``get``), or when a tool asks for them
@@ -23,12 +23,19 @@ _patches: dict = {}  # name -> Patch, as loaded
 def _load(modname: str):
     from kimi_hotfix.runtime import patching  # the patch API: where it cannot load, no patch can
 
+    target = _targets.get(modname, "")
     try:
         patch = importlib.import_module(f"kimi_hotfix.patches.{modname}").PATCH
         if not isinstance(patch, patching.Patch):
             raise TypeError(f"kimi_hotfix.patches.{modname}.PATCH is not a patching.Patch")
+        for field, value in (("name", modname), ("target", target)):  # the table's, once
+            declared = getattr(patch, field)
+            if declared and declared != value:
+                raise TypeError(f"kimi_hotfix.patches.{modname}.PATCH says {field} {declared!r}; "
+                                f"the table says {value!r}")
+            setattr(patch, field, value)
     except Exception as exc:  # contained: this patch fails, the others load
-        return patching.Unloadable(modname, exc, _targets.get(modname, ""))
+        return patching.Unloadable(modname, exc, target)
     return patch
 
 

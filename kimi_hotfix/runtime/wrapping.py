@@ -12,7 +12,7 @@ marker is refused (``PatchError``: the patch fails, all or nothing).
 
 Other instrumentation (an APM agent's wrapt ``FunctionWrapper``, a
 ``functools.wraps`` wrapper in another package) may wrap the same attribute,
-before the shim or after it. ``chain(owner, attr)`` follows such wrappers down
+before the shim or after it. ``layers(owner, attr)`` follows such wrappers down
 to vLLM's own object: each step is a *slot* the shim can rewrite (the
 attribute; a proxy's ``__wrapped__``; the closure cell a ``functools.wraps``
 wrapper calls through). ``vllm_own`` is what the patches' decisions read;
@@ -23,7 +23,7 @@ fails (PatchError) rather than bypass the other library or run unpatched
 while saying ``applied``. A wrapper of vLLM's own package is vLLM's: the walk
 stops there.
 
-``uninstall``/``reinstall`` find the record's object in the chain, wherever
+``uninstall``/``reinstall`` find the record's object in the layers, wherever
 it sits now (another library may have wrapped above it since), and rewrite
 only the slot that still holds it; they return the records they could not
 act on.
@@ -38,10 +38,13 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from kimi_hotfix.runtime import messages
 from kimi_hotfix.runtime.base import MARKER, PatchError, is_wrapped  # noqa: F401
 from kimi_hotfix.runtime.patching import Context
 
 _install_lock = threading.Lock()  # held for one check-and-set, never around patch code
+_said: set = set()  # the remarks patches logged through Context.log in this process
+SAID_MAX = 64
 OUR_TYPES = ("KimiHotfixWrapper", "KimiHotfixBoundWrapper")  # wrapper_class's, in any copy
 MAX_DEPTH = 16  # wrappers followed down one attribute
 
@@ -107,7 +110,7 @@ def wrapper_class(wrapt):
     return found
 
 
-# -- the chain of wrappers on one attribute ---------------------------------------------
+# -- the layers of wrappers on one attribute ---------------------------------------------
 
 
 class _AttrSlot:
@@ -205,7 +208,7 @@ def _cell_below(func):
     return cells[0] if len(cells) == 1 else None
 
 
-def chain(owner, attr) -> list:
+def layers(owner, attr) -> list:
     """[(slot or None, object)] from ``owner.attr`` down to vLLM's own object:
     through proxies (any wrapt copy's, the shim's) and through other
     packages' ``functools.wraps`` wrappers; a slot None: nothing can rewrite
@@ -233,7 +236,7 @@ def chain(owner, attr) -> list:
 def vllm_own(owner, attr):
     """vLLM's own object beneath whatever wraps ``owner.attr`` (the attribute
     itself where nothing does)."""
-    return chain(owner, attr)[-1][1]
+    return layers(owner, attr)[-1][1]
 
 
 def _describe(node) -> str:
@@ -264,7 +267,7 @@ class PatchContext(Context):
         qualname = Record(owner, attr, None, None).qualname
         if attr not in vars(owner):
             raise PatchError(f"{qualname} is not defined there")
-        links = chain(owner, attr)
+        links = layers(owner, attr)
         for _slot, node in links:
             current = own_marker(node)
             if current == self.name:
@@ -297,11 +300,18 @@ class PatchContext(Context):
         if self._on_spent is not None:
             self._on_spent(phase, seconds)
 
+    def log(self, detail):
+        detail = str(detail)
+        if detail in _said or len(_said) >= SAID_MAX:
+            return  # each remark once per process, and a bounded number of them
+        _said.add(detail)
+        messages.emit(messages.PATCH_SAYS, self.name, detail)
+
 
 def holds(rec, obj) -> bool:
-    """Does the chain on the record's attribute hold ``obj`` (in a slot that can
+    """Do the layers on the record's attribute hold ``obj`` (in a slot that can
     be rewritten)?"""
-    return any(slot is not None and node is obj for slot, node in chain(rec.owner, rec.attr))
+    return any(slot is not None and node is obj for slot, node in layers(rec.owner, rec.attr))
 
 
 def reachable(rec) -> bool:
@@ -322,7 +332,7 @@ def reachable(rec) -> bool:
 
 
 def _swap(records: list, have: str, put: str) -> list:
-    """For each record (last first): where the chain on ``owner.attr`` still
+    """For each record (last first): where the layers on ``owner.attr`` still
     holds the record's ``have`` object (on the attribute, or beneath another
     library's wrapper, or above one), put its ``put`` object in that slot;
     return the records it could not act on."""
@@ -330,7 +340,7 @@ def _swap(records: list, have: str, put: str) -> list:
     with _install_lock:
         for rec in reversed(records):
             target = getattr(rec, have)
-            for slot, node in chain(rec.owner, rec.attr):
+            for slot, node in layers(rec.owner, rec.attr):
                 if slot is not None and node is target:
                     slot.set(getattr(rec, put))
                     break

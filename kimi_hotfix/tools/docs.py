@@ -14,7 +14,7 @@ import re
 from kimi_hotfix import __version__
 from kimi_hotfix.runtime import messages, registry
 from kimi_hotfix.runtime.base import Kind
-from kimi_hotfix.tools import exitcodes
+from kimi_hotfix.tools import about, exitcodes
 
 STATES = {
     Kind.PENDING: "armed; this process has not imported the patch's module (yet)",
@@ -34,13 +34,14 @@ def patch_table() -> str:
             "|---|---|---|---|---|"]
     from kimi_hotfix.tools import parity_probe  # -O parity's metadata, next to the patches'
 
-    for patch in (parity_probe.PROBE, *registry.patches().values()):
-        for i, symptoms in enumerate(patch.symptom_rows):
+    for name in (parity_probe.PROBE.name, *registry.names()):
+        info = about.of(name)
+        for i, symptoms in enumerate(info.symptom_rows):
             seen = "<br>".join(f"`{s}`" if s.startswith(("ValueError", "AttributeError"))
                                else s for s in symptoms)
-            rest = (f"{patch.summary} | {patch.upstream} | {patch.fixed_in_text}" if i == 0
+            rest = (f"{info.summary} | {info.upstream} | {info.fixed_in_text}" if i == 0
                     else "(as above) | | ")  # a patch's second symptom row
-            rows.append(f"| {seen} | `{patch.name}` | {rest} |")
+            rows.append(f"| {seen} | `{name}` | {rest} |")
     return "\n".join(rows) + "\n"
 
 

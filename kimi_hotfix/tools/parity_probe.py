@@ -18,8 +18,9 @@ import contextlib
 import importlib
 import sys
 
-from kimi_hotfix.runtime import parity, patching
+from kimi_hotfix.runtime import parity, patching, versions
 from kimi_hotfix.runtime.patching import ProbeResult
+from kimi_hotfix.tools.about import About
 
 
 def _mla_before_mamba():
@@ -131,15 +132,21 @@ def _level(module) -> int:
     return 0 if parity.runs_plain(module) else sys.flags.optimize
 
 
-class ParityCheck(patching.Patch):
-    """-O parity as ``check`` reports it, next to the patches (no registry entry:
-    kimi_hotfix.runtime.core arms it)."""
+class ParityAbout(About):
+    """-O parity concerns python -O only, in every vLLM release."""
 
-    name = "o_parity"
-    target = "vllm"
-    upstream = "no PR: vLLM steers by assert in every release (fixes for the sites: upstream/)"
-    fixed_in = ""
-    symptoms = (
+    def expect(self, version, optimize):
+        if version is None:
+            return super().expect(version, optimize)
+        if not optimize:
+            dev = " (a dev build: the code decides)" if versions.is_prerelease(version) else ""
+            return False, f"not affected without -O (vLLM's asserts are live){dev}"
+        return True, "needed under -O: every vLLM release steers by assert"
+
+
+ABOUT = ParityAbout(
+    upstream="no PR: vLLM steers by assert in every release (fixes for the sites: upstream/)",
+    symptoms=(
         ("AttributeError: 'MambaSpec' object has no attribute 'cache_dtype_str'",
          "MLA layers with different cache_dtype_str merged (python -O; varies with PYTHONHASHSEED)"),
         ("AttributeError: 'SlidingWindowSpec' object has no attribute 'attention_chunk_size'",
@@ -153,13 +160,22 @@ class ParityCheck(patching.Patch):
          "(e.g. cp_kv_cache_interleave_size that does not divide the block size, DCP)",),
         ("KV-cache guards gone under -O: a wrong block goes on silently where plain Python "
          "stops (vLLM's own tests under python -O: tests/vllm_suite/)",),
-    )
-    summary = ("under -O, vLLM's modules run plain Python's bytecode: every assert as in "
-               "plain Python")
-    decides = "python -O or not (every vLLM release steers by assert)"
-    probe_title = "vLLM's own guards under this interpreter: refused as in plain Python?"
+    ),
+    summary=("under -O, vLLM's modules run plain Python's bytecode: every assert as in "
+             "plain Python"),
+    decides="python -O or not (every vLLM release steers by assert)",
+    probe_title="vLLM's own guards under this interpreter: refused as in plain Python?",
+)
 
-    def check(self, module, optimize):
+
+class ParityCheck(patching.Patch, internal=True):
+    """-O parity as ``check`` reports it, next to the patches (no registry entry:
+    kimi_hotfix.runtime.core arms it; what the tools say about it: ``ABOUT``)."""
+
+    name = "o_parity"
+    target = "vllm"
+
+    def decide(self, module, optimize):
         if not optimize:
             return patching.absent("python without -O keeps vLLM's asserts")
         return patching.needed("-O strips vLLM's asserts")
@@ -204,13 +220,6 @@ class ParityCheck(patching.Patch):
             yield core.parity_state()
         finally:
             self._on = True
-
-    def expect(self, version, optimize):
-        if version is None:
-            return super().expect(version, optimize)
-        if not optimize:
-            return self.expect_plain_unaffected(version, "vLLM's asserts are live")
-        return True, "needed under -O: every vLLM release steers by assert"
 
 
 PROBE = ParityCheck()

@@ -47,7 +47,7 @@ from kimi_hotfix import __version__
 from kimi_hotfix.runtime import versions
 from kimi_hotfix.runtime.base import Kind, PatchError, State
 from kimi_hotfix.runtime.patching import ProbeResult, Verdict
-from kimi_hotfix.tools import exitcodes
+from kimi_hotfix.tools import about, exitcodes
 
 LEVELS = ((0, "plain"), (1, "-O"), (2, "-OO"))
 NO_DEVICE = "Failed to infer device type"  # vLLM's DeviceConfig, where no platform is found
@@ -128,7 +128,8 @@ def rerun_on_cpu(args) -> Optional[int]:
         "vLLM infers no device on this host; the probes ran on CPU (VLLM_TARGET_DEVICE=cpu, "
         "set by check for them): they run vLLM's Python code, which needs no GPU"))
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", **{RERUN: json.dumps(info)})
-    package = os.path.dirname(os.path.abspath(__file__))  # ``python <dir>`` works under -I too
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kimi_hotfix/
+    # ``python <dir>`` works under -I too
     cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), package, "check", *args]
     sys.stdout.flush()
     sys.stderr.flush()
@@ -242,9 +243,10 @@ def _applies(decision: dict) -> bool:
 
 
 def check_patch(core, patch, state, import_error=None) -> dict:
+    info = about.of(patch.name)
     entry = {
-        "name": patch.name, "target": patch.target, "upstream": patch.upstream,
-        "fixed_in": patch.fixed_in, "probe": patch.probe_title,
+        "name": patch.name, "target": patch.target, "upstream": info.upstream,
+        "fixed_in": info.fixed_in, "probe": info.probe_title,
         "kind": state.kind.value, "state": str(state),  # the shim's own decision
         "failures": state.failures,
         "needed": True, "fixes": False, "affected": True,
@@ -349,7 +351,7 @@ def outcome(results, problems, levels, deployment, found) -> tuple:
 
 def run() -> dict:
     """Arm, import vLLM's targets, probe every patch: the report ``check`` prints."""
-    from kimi_hotfix.runtime import core
+    from kimi_hotfix.runtime import core, registry
     from kimi_hotfix.tools import status
     arm_error = None
     with stdout_to_stderr():
@@ -359,7 +361,7 @@ def run() -> dict:
             arm_error = f"{type(exc).__name__}: {exc}"
         from kimi_hotfix.tools import parity_probe  # -O parity: core arms it; check probes it first
 
-        probed = {parity_probe.PROBE.name: parity_probe.PROBE, **core.patches()}
+        probed = {parity_probe.PROBE.name: parity_probe.PROBE, **registry.patches()}
         import_errors = {}
         for name, patch in probed.items():
             try:

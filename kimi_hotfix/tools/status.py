@@ -15,6 +15,7 @@ import sys
 from kimi_hotfix import __version__
 from kimi_hotfix.runtime import versions
 from kimi_hotfix.runtime.base import Kind, State, describe
+from kimi_hotfix.tools import about
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "kimi_hotfix"
@@ -422,6 +423,7 @@ def status_report() -> dict:
             if not any(b["module"] == "kimi_hotfix.runtime.parity" for b in broken):  # named already
                 broken.append({"module": "kimi_hotfix.tools.parity_probe", "error": describe(exc)})
     for name, patch in (registry.patches().items() if usable else ()):
+        info = about.of(name)  # what the tools say about it (its about.py)
         if core is None:  # nothing can arm: every patch fails with the cause
             first = broken[0]
             state = State(Kind.FAILED, f"the shim cannot arm: {first['module']} cannot load "
@@ -435,13 +437,13 @@ def status_report() -> dict:
         elif name in cfg.forced:
             decision = f"forced (KIMI_HOTFIX_FORCE): applied when vLLM imports {patch.target}"
         else:
-            decision = f"decided when vLLM imports {patch.target}: {patch.decides}"
-        needed, why = patch.expect(vllm_version, python["optimize"])
+            decision = f"decided when vLLM imports {patch.target}: {info.decides}"
+        needed, why = info.expect(vllm_version, python["optimize"])
         patches.append({
             "name": name, "kind": state.kind.value, "state": str(state), "target": patch.target,
-            "wraps": list(patch.wraps), "wraps_note": patch.wraps_note,
-            "upstream": patch.upstream, "fixed_in": patch.fixed_in,
-            "summary": patch.summary, "symptoms": [s for row in patch.symptom_rows for s in row],
+            "wraps": list(patch.wraps), "wraps_note": info.wraps_note,
+            "upstream": info.upstream, "fixed_in": info.fixed_in,
+            "summary": info.summary, "symptoms": [s for row in info.symptom_rows for s in row],
             "decision": decision,
             "expected_needed": needed,  # an expectation from the version string only
             "expectation": why,
@@ -450,7 +452,7 @@ def status_report() -> dict:
     return {
         "kimi_hotfix": {
             "version": __version__,
-            "path": os.path.dirname(os.path.abspath(__file__)),
+            "path": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         },
         "active": active,  # the gate: False makes ``status`` exit 3
         "active_reason": reason,
@@ -471,7 +473,7 @@ def _parity_entry(core, cfg, broken, optimize, vllm_version):
     """-O parity (kimi_hotfix.runtime.parity: armed by core, not a registry patch), as
     the patches are listed (its metadata: kimi_hotfix.tools.parity_probe, which raises
     where it cannot load)."""
-    from kimi_hotfix.tools.parity_probe import PROBE
+    from kimi_hotfix.tools.parity_probe import ABOUT, PROBE
 
     if core is None:
         first = broken[0]
@@ -484,11 +486,11 @@ def _parity_entry(core, cfg, broken, optimize, vllm_version):
     decision = (str(state) if state.kind != Kind.PENDING else
                 "when the shim arms (as vLLM is imported): vLLM's modules load with plain "
                 "Python's bytecode")
-    needed, why = PROBE.expect(vllm_version, optimize)
+    needed, why = ABOUT.expect(vllm_version, optimize)
     return {"name": PROBE.name, "kind": state.kind.value, "state": str(state),
-            "target": PROBE.target, "wraps": [], "wraps_note": "", "upstream": PROBE.upstream,
-            "fixed_in": PROBE.fixed_in, "summary": PROBE.summary,
-            "symptoms": [s for row in PROBE.symptom_rows for s in row], "decision": decision,
+            "target": PROBE.target, "wraps": [], "wraps_note": "", "upstream": ABOUT.upstream,
+            "fixed_in": ABOUT.fixed_in, "summary": ABOUT.summary,
+            "symptoms": [s for row in ABOUT.symptom_rows for s in row], "decision": decision,
             "expected_needed": needed, "expectation": why}
 
 

@@ -214,7 +214,7 @@ def _decide():
 
     from kimi_hotfix.tools.parity_probe import PROBE
 
-    decision = PROBE.check(vllm, sys.flags.optimize)
+    decision = PROBE.decide(vllm, sys.flags.optimize)
     return {PROBE.name: {"verdict": decision.verdict, "reason": decision.reason}}
 
 

@@ -177,7 +177,7 @@ def test_O_keeps_the_merges_plain_even_when_the_probe_raises(release):
     asserts live, so the grouping is the reference's (plain Python's)."""
     run = child(release, "ctor", "O")
     assert run["process"]["mla_ctor_broken_at_import"] is True
-    assert run.states["kv_spec_merge"].startswith("applied (cannot tell: its check raised TypeError")
+    assert run.states["kv_spec_merge"].startswith("applied (cannot tell: its decide raised TypeError")
     assert run["wrapped"]["merge"]["MLAAttentionSpec"] is True
     warnings = warning_lines(run.stderr)
     assert len(warnings) == 1 and "cannot tell whether kv_spec_merge is needed" in warnings[0]
@@ -194,7 +194,7 @@ def test_O_keeps_the_merges_plain_even_when_the_probe_raises(release):
 def test_plain_probe_that_raises_applies_and_warns(release):
     run = child(release, "ctor", "plain")
     state = run.states["kv_spec_merge"]
-    assert state == ("applied (cannot tell: its check raised TypeError: MLAAttentionSpec."
+    assert state == ("applied (cannot tell: its decide raised TypeError: MLAAttentionSpec."
                      "__init__() missing 1 required argument: 'new_field'; applied to be safe)")
     warnings = warning_lines(run.stderr)
     assert len(warnings) == 1 and "cannot tell whether kv_spec_merge is needed" in warnings[0]
@@ -210,7 +210,7 @@ def test_strict_mode_raises_when_a_check_cannot_tell(release):
     import itself is the shim's mechanics (tests/unit/test_states.py)."""
     raised = child(release, "ctor", "plain")["strict_cannot_tell"]
     assert raised.startswith("kimi_hotfix.runtime.base.KimiHotfixError: kv_spec_merge: cannot tell "
-                             "whether it is needed: its check raised TypeError"), raised
+                             "whether it is needed: its decide raised TypeError"), raised
 
 
 # -- the main job ------------------------------------------------------------------------

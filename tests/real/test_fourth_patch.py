@@ -42,7 +42,7 @@ class FourthPatch(patching.Patch):
     decides = "always needed (a stand-in)"
     probe_title = "is_kv_cache_spec_uniform carries the shim's marker"
 
-    def check(self, module, optimize):
+    def decide(self, module, optimize):
         return patching.needed("a stand-in that is always needed")
 
     def apply(self, module, ctx):

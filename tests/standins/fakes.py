@@ -18,6 +18,8 @@ MODULE = ("class Thing:\n    def first(self):\n        return 'original'\n"
 
 
 class Fake(patching.Patch):
+    wraps = ("Thing.first", "Thing.second")  # each instance says its own
+
     def __init__(self, name, decision=None, raises=None, apply_fails=False, target=None,
                  attrs=("first", "second"), pause=None):
         self.name, self.target = name, target or "standin_" + name
@@ -26,7 +28,7 @@ class Fake(patching.Patch):
         self.attrs, self.pause = attrs, pause  # pause: (reached, go) events after the first wrap
         self.ctx = None
 
-    def check(self, module, optimize):
+    def decide(self, module, optimize):
         if self.raises:
             raise self.raises
         return self.decision

@@ -46,9 +46,9 @@ def recorded(core=None):
 
 def report(**extra):
     """State of the shim in this process, for every loaded target module."""
-    from kimi_hotfix.runtime import core
+    from kimi_hotfix.runtime import core, registry
     wrapped = {}
-    for patch in core.patches().values():
+    for patch in registry.patches().values():
         module = sys.modules.get(patch.target)
         if module is not None:
             wrapped.update(wrapped_layers(module))

@@ -16,13 +16,13 @@ from kimi_hotfix.runtime import base, outcome, patching  # noqa: E402
 
 def test_a_check_that_returns_no_decision_cannot_tell_and_says_what_it_returned():
     decision = outcome.decide(Fake("odd", decision="yes"), None, 0)
-    assert decision == patching.cannot_tell("its check returned 'yes'")
-    assert outcome.decide(Fake("none"), None, 0) == patching.cannot_tell("its check returned None")
+    assert decision == patching.cannot_tell("its decide returned 'yes'")
+    assert outcome.decide(Fake("none"), None, 0) == patching.cannot_tell("its decide returned None")
 
 
 def test_a_check_that_raises_cannot_tell_unless_its_target_is_missing():
     assert outcome.decide(Fake("raises", raises=ValueError("boom")), None, 0) \
-        == patching.cannot_tell("its check raised ValueError: boom")
+        == patching.cannot_tell("its decide raised ValueError: boom")
     with pytest.raises(base.PatchError, match="Thing.first not found"):
         outcome.decide(Fake("missing", raises=base.PatchError("Thing.first not found")), None, 0)
     decision = patching.needed("the bug is there")
@@ -33,7 +33,7 @@ def test_the_check_gets_the_optimize_level_asked_or_this_interpreters():
     seen = []
 
     class Probe(Fake):
-        def check(self, module, optimize):
+        def decide(self, module, optimize):
             seen.append((module, optimize))
             return patching.fixed("ok")
 

@@ -37,7 +37,7 @@ STATE, CORE, BASE = f"{RUNTIME}.state", f"{RUNTIME}.core", f"{RUNTIME}.base"
 SKIP_DIRS = ("_vendor", "__pycache__")
 TOP = frozenset({PKG, f"{PKG}.__main__", f"{PKG}.plugin"})  # the API, the entry points
 # a patch folder's tool and test sides (its __init__ is what vLLM processes run)
-PATCH_TOOL_FILES = ("probe", "standins")
+PATCH_TOOL_FILES = ("about", "probe", "standins")
 # Patches reach the shim only through the Context they are given: neither the machinery that
 # drives them (core, state, metrics) nor what it is built from (registry, config, messages).
 FORBIDDEN_FOR_PATCHES = tuple(f"{RUNTIME}.{m}" for m in

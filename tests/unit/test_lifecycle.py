@@ -116,7 +116,8 @@ ARM_FAILS = r'''
 class BrokenWrapt:
     def register_post_import_hook(self, hook, name):
         raise RuntimeError("hook registry broken")
-core.load_wrapt = BrokenWrapt
+from kimi_hotfix.runtime import _wrapt
+_wrapt.load = BrokenWrapt
 fakes.register(Fake("a", patching.needed("x")))
 try:
     core.arm("test")
@@ -145,7 +146,7 @@ HOOK_FAILS = r'''
 def broken(*args):
     raise KeyError("the shim's own bug")
 from kimi_hotfix.runtime import outcome
-outcome.apply = broken
+outcome.decide_and_apply = broken
 fakes.register(Fake("a", patching.needed("x")))
 core.arm("test")
 try:

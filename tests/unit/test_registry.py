@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from kimi_hotfix.patches import PATCH_MODULES, PATCHES
-from kimi_hotfix.runtime import core, messages, patching
-from kimi_hotfix.tools import docs
+from kimi_hotfix.patches import PATCHES
+from kimi_hotfix.runtime import messages, patching, registry
+from kimi_hotfix.tools import about, docs
 
 from helpers import REPO
 
@@ -23,8 +23,8 @@ def test_registry_lists_every_patch_module_once():
     on_disk = sorted(p.name for p in (PACKAGE / "patches").iterdir()
                      if not p.name.startswith("_") and (
                          p.is_dir() and (p / "__init__.py").exists() or p.suffix == ".py"))
-    assert sorted(PATCH_MODULES) == sorted(n[:-3] if n.endswith(".py") else n for n in on_disk)
-    assert list(core.patch_names()) == list(PATCH_MODULES)
+    assert sorted(PATCHES) == sorted(n[:-3] if n.endswith(".py") else n for n in on_disk)
+    assert list(registry.names()) == list(PATCHES)
 
 
 def test_the_table_names_each_patch_and_its_own_target():
@@ -44,41 +44,38 @@ def test_no_patch_name_outside_the_patches():
         if "patches" in path.relative_to(PACKAGE).parts:
             continue  # the audit's covered rows live with their patch (patches/*/covers.py)
         text = path.read_text()
-        offenders += [f"{path.relative_to(REPO)}: {n}" for n in PATCH_MODULES if n in text]
+        offenders += [f"{path.relative_to(REPO)}: {n}" for n in PATCHES if n in text]
     assert offenders == []
 
 
-@pytest.mark.parametrize("name", PATCH_MODULES)
+@pytest.mark.parametrize("name", PATCHES)
 def test_each_patch_module_documents_itself(name):
     init = PACKAGE / "patches" / name / "__init__.py"
     doc = ast.get_docstring(ast.parse(init.read_text()))
     assert doc.startswith(f"{name}: ")
     for section in HEADER:
         assert section in doc, f"{name}: header lacks {section!r}"
-    patch = core.patches()[name]
-    assert isinstance(patch, patching.Patch) and patch.name == name
-    for attr in ("target", "upstream", "summary", "decides", "probe_title"):
-        assert getattr(patch, attr), f"{name}.{attr} is empty"
-    assert patch.wraps and patch.symptoms
-    for qualname in patch.wraps:  # machine-readable: preflight walks them in the target
-        assert re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", qualname), qualname
-    upstream_says(name, patch, doc)
+    patch = registry.patches()[name]
+    assert isinstance(patch, patching.Patch) and patch.name == name, patch
+    info = about.of(name)  # its fields are About's to require (kimi_hotfix.tools.about)
+    assert not isinstance(info, about.Unknown), info.why
+    upstream_says(name, info, doc)
 
 
 RELEASE = r"\d+\.\d+\.\d+"
 
 
 def upstream_says(name, patch, doc):
-    """The header's Upstream: paragraph agrees with the metadata the README
-    table and ``check`` show: the PR it cites; the release that fixes it, or,
-    with no fixed release, that none does (up to which release) and the file
-    under upstream/ holding the fix, which exists."""
+    """The header's Upstream: paragraph agrees with what the README table and
+    ``check`` show (``patch``: its About): the PR it cites; the release that
+    fixes it, or, with no fixed release, that none does (up to which release);
+    the file under upstream/ proposing the fix, where it names one, exists."""
     found = re.search(r"^Upstream:(.*?)(?=^Needed when)", doc, re.S | re.M)
     assert found, f"{name}: no Upstream: paragraph before Needed when"
     says = " ".join(found.group(1).split())
     for pr in re.findall(r"PR #\d+", patch.upstream):
         assert pr in says, f"{name}: header does not cite {pr}: {says}"
-    files = re.findall(r"upstream/[\w.-]+\.patch", patch.upstream)
+    files = [patch.proposed] if patch.proposed else []
     for rel in files:
         assert (REPO / rel).is_file(), f"{name}: {rel} does not exist"
         assert rel in says, f"{name}: header does not name {rel}: {says}"
@@ -91,7 +88,6 @@ def upstream_says(name, patch, doc):
     else:
         assert re.search(rf"no release up to {RELEASE}", says), (
             f"{name}: no fixed release, and the header does not say so: {says}")
-        assert files, f"{name}: no fixed release and no upstream/ patch cited: {patch.upstream}"
         if patch.upstream.startswith("no PR"):
             assert says.startswith("no PR yet"), f"{name}: {says}"
 
@@ -113,19 +109,29 @@ def test_no_patch_imports_core():
     assert found == []
 
 
-def test_patch_is_an_abstract_base_class():
+def test_a_patch_class_refuses_to_be_defined_without_what_it_needs():
+    """The required parts are the class's to enforce (not a test's regexes):
+    ``decide``, ``apply`` and ``wraps`` (qualified names); ``probe`` has a default."""
     with pytest.raises(TypeError):
         patching.Patch()
 
-    class NoProbe(patching.Patch):
-        def check(self, module, optimize):
-            return patching.needed("x")
+    def body(**parts):
+        decide = lambda self, module, optimize: patching.needed("x")  # noqa: E731
+        apply = lambda self, module, ctx: None  # noqa: E731
+        return {"decide": decide, "apply": apply, "wraps": ("Thing.method",), **parts}
 
-        def apply(self, module, ctx):
-            return None
-
-    with pytest.raises(TypeError, match="probe"):
-        NoProbe()
+    for missing in ("decide", "apply"):
+        parts = body()
+        del parts[missing]
+        with pytest.raises(TypeError, match=f"does not define {missing}"):
+            type("Lacking", (patching.Patch,), parts)
+    for wraps, says in (((), "non-empty tuple"), (["f"], "non-empty tuple"),
+                        (("a b",), "not a qualified name"), ((3,), "not a qualified name")):
+        with pytest.raises(TypeError, match=says):
+            type("BadWraps", (patching.Patch,), body(wraps=wraps))
+    minimal = type("Minimal", (patching.Patch,), body())()
+    result = minimal.probe()  # no probe.py beside it: says so, runs nothing
+    assert result.ok is None and result.error.startswith("no probe"), result
 
 
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "log"}

@@ -1,6 +1,6 @@
 """kimi_hotfix.runtime.registry in-process: what a patch module that cannot be loaded
 turns into (an ``Unloadable`` that names its module and cause in every text,
-fails check and apply, and whose probe cannot run), and ``add``. The same in
+fails decide and apply, and whose probe cannot run), the table's name and target, and ``add``. The same in
 deployed copies with broken files: test_faults.py and the fault tier."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from kimi_hotfix.patches import PATCHES
 from kimi_hotfix.runtime import patching, registry
 from kimi_hotfix.runtime.base import PatchError
 from kimi_hotfix.runtime.patching import Patch
+from kimi_hotfix.tools import about
 
 
 @pytest.fixture
@@ -42,15 +43,47 @@ def test_a_module_that_cannot_be_imported_is_unloadable_with_its_cause():
     assert patch.error == "ModuleNotFoundError: No module named 'kimi_hotfix.patches.kimi_test_missing'"
     why = f"cannot load kimi_hotfix.patches.kimi_test_missing ({patch.error})"
     assert patch.why == why
-    assert patch.summary == patch.decides == patch.probe_title \
-        == "its module kimi_hotfix.patches.kimi_test_missing cannot load"
-    for call in (lambda: patch.check(None, 0), lambda: patch.apply(None, None)):
+    for call in (lambda: patch.decide(None, 0), lambda: patch.apply(None, None)):
         with pytest.raises(PatchError) as raised:
             call()
         assert str(raised.value) == why
     probe = patch.probe()
     assert probe.ok is None and probe.error == why
-    assert patch.expect("0.29.0", 0) == (None, why)
+    info = about.of("kimi_test_missing")  # the tools' view says why too
+    told = ("cannot load kimi_hotfix.patches.kimi_test_missing.about (ModuleNotFoundError: "
+            "No module named 'kimi_hotfix.patches.kimi_test_missing')")
+    assert isinstance(info, about.Unknown) and info.why == told
+    assert info.summary == info.decides == info.upstream == told
+    assert info.expect("0.29.0", 0) == (None, told)
+
+
+def test_the_table_names_the_patch_and_its_target_once(monkeypatch):
+    """The registry gives a patch its name and target from the table; a patch
+    that says otherwise is not loaded (an ``Unloadable`` saying which)."""
+    class Stray(patching.Patch):
+        wraps = ("Thing.first",)
+
+        def decide(self, module, optimize):
+            return patching.needed("x")
+
+        def apply(self, module, ctx):
+            return None
+
+    for declared, says in (({}, None), ({"target": "vllm.elsewhere"}, "target"),
+                           ({"name": "other"}, "name")):
+        fake = types.ModuleType("kimi_hotfix.patches.kimi_test_table")
+        fake.PATCH = Stray()
+        fake.PATCH.__dict__.update(declared)
+        monkeypatch.setitem(sys.modules, fake.__name__, fake)
+        monkeypatch.setitem(registry._targets, "kimi_test_table", "vllm.somewhere")
+        patch = registry._load("kimi_test_table")
+        if says is None:
+            assert (patch.name, patch.target) == ("kimi_test_table", "vllm.somewhere")
+        else:
+            assert isinstance(patch, patching.Unloadable), patch
+            assert f"PATCH says {says} " in patch.why and "the table says" in patch.why
+            with pytest.raises(PatchError):
+                patch.decide(None, 0)
 
 
 def test_a_loadable_module_gives_its_patch():

@@ -109,8 +109,9 @@ class HalfwayUndone(Patch):
     and whose wrapper something replaced since."""
 
     name, target = "kimi_halfway", "kimi_test_halfway_target"
+    wraps = ("Thing.first",)
 
-    def check(self, module, optimize):
+    def decide(self, module, optimize):
         from kimi_hotfix.runtime import patching
         return patching.needed("x")
 

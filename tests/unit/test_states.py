@@ -88,7 +88,7 @@ def test_each_decision_becomes_its_state(tmp_path):
         "fixed": ("not_needed", "not needed: upstream fixed (upstream does it)"),
         "absent": ("not_affected", "not affected (no such feature)"),
         "unknown": ("applied", "applied (cannot tell: no source; applied to be safe)"),
-        "raises": ("applied", "applied (cannot tell: its check raised ValueError: probe "
+        "raises": ("applied", "applied (cannot tell: its decide raised ValueError: probe "
                               "exploded; applied to be safe)"),
         "missing": ("failed", "failed: Thing.first not found"),
         "halfway": ("failed", "failed: RuntimeError: second step failed"),

@@ -32,8 +32,8 @@ HEAVY = ("vllm", "torch", "wrapt")
 
 
 def patch_names():
-    from kimi_hotfix.runtime import core
-    return core.patch_names()
+    from kimi_hotfix.runtime import registry
+    return registry.names()
 
 
 def status(flags=(), env=None, args=("--json",), python=None):
@@ -76,19 +76,20 @@ def test_status_imports_no_vllm_torch_wrapt():
 
 
 def test_status_reports_interpreter_and_patches():
-    from kimi_hotfix.runtime import core
+    from kimi_hotfix.runtime import registry
+    from kimi_hotfix.tools import about
     report = status(flags=["-O"])
     assert report["python"]["optimize"] == 1 and report["python"]["executable"] == sys.executable
     assert report["vllm"] == {"installed": False, "version": None, "distribution": None}
     assert report["wrapt"]["installed"] is True
     assert [p["name"] for p in report["patches"]] == list(patch_names())
     for entry in report["patches"]:
-        patch = core.patches()[entry["name"]]
-        assert entry["target"] == patch.target and entry["fixed_in"] == patch.fixed_in
-        assert entry["upstream"] == patch.upstream and entry["wraps"] == list(patch.wraps)
-        assert entry["summary"] == patch.summary
-        assert entry["symptoms"] == [s for row in patch.symptom_rows for s in row]
-        assert entry["decision"] == f"decided when vLLM imports {patch.target}: {patch.decides}"
+        patch, info = registry.patches()[entry["name"]], about.of(entry["name"])
+        assert entry["target"] == patch.target and entry["fixed_in"] == info.fixed_in
+        assert entry["upstream"] == info.upstream and entry["wraps"] == list(patch.wraps)
+        assert entry["summary"] == info.summary
+        assert entry["symptoms"] == [s for row in info.symptom_rows for s in row]
+        assert entry["decision"] == f"decided when vLLM imports {patch.target}: {info.decides}"
         assert (entry["kind"], entry["state"]) == ("pending", "pending")
         assert entry["expected_needed"] is None and entry["expectation"].startswith("vLLM not")
     text = status(flags=["-O"], args=())

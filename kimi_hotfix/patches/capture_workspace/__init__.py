@@ -181,20 +181,7 @@ def bounds_in(tree) -> bool:
 
 
 class CaptureWorkspacePatch(patching.Patch):
-    name = "capture_workspace"
-    target = "vllm.v1.worker.gpu.cudagraph_utils"
     wraps = ("CudaGraphManager._init_candidates",)
-    upstream = "PR #55774"
-    fixed_in = "0.30.0"
-    affects_from = "0.29.0"
-    symptoms = ("ValueError: KDA RecoverSSM speculative decode query length exceeds its "
-                "activation capacity",
-                "at startup, while capturing CUDA graphs (--use-replayssm)")
-    summary = "RecoverSSM: no mixed CUDA graph above max_num_seqs * (1 + k) tokens"
-    decides = ("RecoverSSM present (CacheConfig.use_kda_recoverssm) and the AST of "
-               "_init_candidates: no if-statement bounds mixed captures by it")
-    probe_title = ("capture plan for 48 seqs, k=8, Hopper capture sizes (to 512): "
-                   "largest mixed graph vs RecoverSSM workspace")
 
     def _method(self, module):
         manager = getattr(module, "CudaGraphManager", None)
@@ -204,7 +191,7 @@ class CaptureWorkspacePatch(patching.Patch):
             raise base.PatchError("CudaGraphManager._init_candidates not found")
         return manager, method
 
-    def check(self, module, optimize):
+    def decide(self, module, optimize):
         _, method = self._method(module)
         if not has_recoverssm():
             return patching.absent("this vLLM has no RecoverSSM (no CacheConfig.use_kda_recoverssm)")
@@ -219,9 +206,6 @@ class CaptureWorkspacePatch(patching.Patch):
     def apply(self, module, ctx):
         manager, _ = self._method(module)
         ctx.wrap(manager, "_init_candidates", make_wrapper(ctx))
-
-    def probe(self):
-        return patching.run_probe(self)  # probe.py, beside this file
 
 
 PATCH = CaptureWorkspacePatch()

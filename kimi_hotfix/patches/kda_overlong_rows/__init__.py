@@ -233,21 +233,7 @@ def _index_names(tree) -> set:
 
 
 class KDAOverlongRowsPatch(patching.Patch):
-    name = "kda_overlong_rows"
-    target = "vllm.models.kimi_k3.nvidia.kda_metadata"
     wraps = ("KimiK3KDAMetadataBuilder.build",)
-    upstream = "PR #55774 follow-up"
-    fixed_in = "0.31.0"
-    affects_from = "0.29.0"
-    symptoms = ("ValueError: KDA RecoverSSM speculative decode query length exceeds its "
-                "activation capacity",
-                "at startup, in eager dummy runs (adaptive verification profiling); on "
-                "0.30.0 too")
-    summary = "RecoverSSM: rows longer than num_spec + 1 take the non-speculative path"
-    decides = ("the AST of build: it reads self.use_recoverssm and no mask ANDed with "
-               "'<= self.num_spec + 1' selects rows (indexes something)")
-    probe_title = ("KDA build with RecoverSSM, k=8: an eager 48 x 10-token batch and a step "
-                   "with a 12-token row")
 
     def _builder(self, module):
         builder = getattr(module, "KimiK3KDAMetadataBuilder", None)
@@ -255,7 +241,7 @@ class KDAOverlongRowsPatch(patching.Patch):
             raise base.PatchError("KimiK3KDAMetadataBuilder.build not found")
         return builder
 
-    def check(self, module, optimize):
+    def decide(self, module, optimize):
         builder = self._builder(module)
         try:
             path, routes = structure(wrapping.vllm_own(builder, "build"))
@@ -281,9 +267,6 @@ class KDAOverlongRowsPatch(patching.Patch):
             return None
         ctx.wrap(builder, "build", make_wrapper(ctx))
         return "wrapt wrapper"
-
-    def probe(self):
-        return patching.run_probe(self)  # probe.py, beside this file
 
 
 PATCH = KDAOverlongRowsPatch()

@@ -99,23 +99,9 @@ def capability_merge(module) -> str:
 
 
 class KVSpecMergePatch(patching.Patch):
-    name = "kv_spec_merge"
-    target = "vllm.v1.kv_cache_interface"
     wraps = ("MLAAttentionSpec.merge",)
-    wraps_note = "the merge of every spec class that carries the draft capability"
-    upstream = "PR #55234 (issue #54649)"
-    fixed_in = "0.30.0"
-    affects_from = "0.29.0"
-    symptoms = (
-        ("illegal memory access in CUDA-graph replay (DSpark/DCP draft, python -O)",
-         "the DSpark draft's MLA layers in their own KV-cache group (plain Python, or -O with "
-         "its asserts restored)"),
-    )
-    summary = "the draft capability merges with any(): target and draft share one MLA group"
-    decides = "a behaviour probe: MLAAttentionSpec.merge(target, draft) keeps the capability"
-    probe_title = "vLLM's planner groups Kimi-K3 MLA target + DSpark draft + KDA layers"
 
-    def check(self, module, optimize):
+    def decide(self, module, optimize):
         merge_classes(module)  # PatchError where the merges are not there at all
         merge = capability_merge(module)  # raising: core reports "cannot tell"
         if merge == "absent":
@@ -133,9 +119,6 @@ class KVSpecMergePatch(patching.Patch):
                 plan.append((cls, own_merge(cls)))
         for cls, impl in plan:  # every merge found first: a failure leaves vLLM untouched
             ctx.wrap(cls, "merge", _make_wrapper(impl, ctx))
-
-    def probe(self):
-        return patching.run_probe(self)  # probe.py, beside this file
 
 
 def _make_wrapper(impl, ctx):

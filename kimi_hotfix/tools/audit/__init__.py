@@ -56,10 +56,10 @@ def _classify(entry):
 
 
 def _armed(patch):
-    """Whether the shim arms ``patch`` (-O parity, or listed in PATCH_MODULES), not only ships it."""
-    from kimi_hotfix.patches import PATCH_MODULES
+    """Whether the shim arms ``patch`` (-O parity, or listed in PATCHES), not only ships it."""
+    from kimi_hotfix.patches import PATCHES
 
-    return patch == _reviewed.O_PARITY or patch in PATCH_MODULES
+    return patch == _reviewed.O_PARITY or patch in PATCHES
 
 
 def classify(result: dict) -> dict:

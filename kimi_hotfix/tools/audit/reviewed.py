@@ -30,7 +30,7 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 
-from kimi_hotfix.patches import PATCH_MODULES
+from kimi_hotfix.patches import PATCHES
 
 O_PARITY = "o_parity"  # -O parity (kimi_hotfix.runtime.parity): armed by the shim, not a registry patch
 
@@ -905,7 +905,7 @@ for _name, _hash, _source in _TEST_SITES_KEPT:
 def _patch_rows():
     """``covered`` rows from ``kimi_hotfix.patches.<name>.covers.COVERS``:
     (qualified name, {hash: release}, why) triples, kept next to the patch."""
-    for name in PATCH_MODULES:
+    for name in PATCHES:
         modname = f"kimi_hotfix.patches.{name}.covers"
         try:
             spec = importlib.util.find_spec(modname)
