@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +27,30 @@ def _registry():
 
 
 PATCHES, TARGETS = _registry()
+
+
+def _standin_trees():
+    """The stand-in vLLM trees (tests/standins/vllm_tree.py): built from each
+    patch's standins.py, so a new patch brings its own."""
+    spec = importlib.util.spec_from_file_location("vllm_tree", STANDINS / "vllm_tree.py")
+    tree = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tree)
+    return tree.build("complete"), tree.build("renamed")
+
+
+VLLM_COMPLETE, VLLM_RENAMED = _standin_trees()
+
+
+def copy_checkout(dest: Path) -> list:
+    """Copy this checkout's files as git sees them (tracked and new, not
+    ignored) to ``dest``; their relative paths."""
+    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
+                          "--exclude-standard"], check=True, capture_output=True, timeout=60)
+    files = [rel for rel in out.stdout.decode().split("\0") if rel and (REPO / rel).is_file()]
+    for rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest / rel)
+    return files
 VERSIONS_PY = REPO / "kimi_hotfix" / "runtime" / "versions.py"
 SUMMARY = "kimi-hotfix {} (".format(re.search(r'^SHIM = "([^"]+)"', VERSIONS_PY.read_text(), re.M).group(1))
 

@@ -29,7 +29,7 @@ does not depend on the case (the stdlib, wrapt; for vLLM, its dependencies),
 so a case costs the imports of the shim and of vLLM's own modules, not an
 interpreter and torch:
 
-- ``standin``: the stand-in vLLM (tests/standins/vllm_complete): through
+- ``standin``: the stand-in vLLM (the "complete" tree, tests/standins/vllm_tree.py): through
   ``pythonpath`` in plain Python every file x every fault, and strict mode for
   one fault per file; otherwise (``pythonpath`` under -O, the ``bundle`` with
   its bytecode and private wrapt, plain and -O) one fault per file, rotating,
@@ -448,7 +448,7 @@ def run_driver(python: str, masters: dict, target: str, opt: str, work, standin,
     config = {"target": target, "opt": opt, "masters": masters, "work": str(work),
               "standin": str(standin), "modes": list(DRIVER_MODES[target, opt]),
               "out": str(work / "result.json"), "deps": deps,
-              "standins": str(Path(standin).parent),
+              "standins": str(Path(__file__).resolve().parents[1] / "standins"),
               "fork_safety": (target, opt) == ("real", "O")}
     (work / "config.json").write_text(json.dumps(config))
     flags = ["-O"] if opt == "O" else []

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from harness import venv_python
-from helpers import PATCHES, REPO, STANDINS, TARGETS, hermetic_env, json_lines, run_python
+from helpers import PATCHES, REPO, STANDINS, TARGETS, VLLM_COMPLETE, hermetic_env, json_lines, run_python
 from standins.venvs import layered_venv, site_dirs, site_packages, visible
 
 pytestmark = pytest.mark.releases("0.29.0")
@@ -193,7 +193,7 @@ def test_bundle_arms_privately_in_a_venv_without_wrapt(tmp_path, release, bundle
     missing = run_python(["-c", "import wrapt"], python=python, env=hermetic_env(shim=False), check=False)
     assert "No module named 'wrapt'" in missing.stderr
     env = hermetic_env(shim=False, PYTHONDONTWRITEBYTECODE="1")
-    env["PYTHONPATH"] = f"{bundle}:{STANDINS / 'vllm_complete'}"
+    env["PYTHONPATH"] = f"{bundle}:{VLLM_COMPLETE}"
     # start-up: the bootstrap only; the private wrapt waits for vLLM
     names = importtime_names(python, env, tmp_path)
     assert "sitecustomize" in names

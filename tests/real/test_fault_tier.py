@@ -35,7 +35,7 @@ import fault_tier as ft
 import pytest
 
 from harness import COUNTS, REPORT_LINES, venv_python
-from helpers import PATCHES, REPO, STANDINS, OncePool, hermetic_env, line_states, summaries
+from helpers import PATCHES, REPO, VLLM_COMPLETE, OncePool, hermetic_env, line_states, summaries
 
 pytestmark = pytest.mark.releases("0.29.0")
 DRIVERS = list(ft.DRIVERS)  # in this order: real -O preloads what real plain measured
@@ -71,7 +71,7 @@ def run_driver(key) -> dict:
         if plain is not None and (plain.running() or plain.done()):
             deps = plain.result()["deps_list"]
     return ft.run_driver(driver_python(release, target), masters(release), target, opt,
-                         workdir(), STANDINS / "vllm_complete", hermetic_env(shim=False), deps)
+                         workdir(), VLLM_COMPLETE, hermetic_env(shim=False), deps)
 
 
 def driver_python(release, target) -> str:

@@ -9,7 +9,7 @@
 - a container's own sitecustomize later on sys.path runs exactly once, is what
   ``import sitecustomize`` returns, and its exception is reported as without us.
 
-The "vLLM" here is the stand-in under tests/standins/vllm_complete: these tests
+The "vLLM" here is the stand-in "complete" tree (tests/standins/vllm_tree.py): these tests
 are about the shim's machinery, never about what vLLM does (tests/real).
 """
 
@@ -22,6 +22,7 @@ from helpers import (
     REPO,
     STANDINS,
     TARGETS,
+    VLLM_COMPLETE,
     hermetic_env,
     json_lines,
     line_states,
@@ -31,7 +32,7 @@ from helpers import (
 
 SITECUSTOMIZE = REPO / "sitecustomize.py"
 CONTAINER_SITE = STANDINS / "container_site"
-COMPLETE = STANDINS / "vllm_complete"
+COMPLETE = VLLM_COMPLETE
 PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
 
 

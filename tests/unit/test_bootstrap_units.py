@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, STANDINS
+from helpers import REPO, VLLM_COMPLETE
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def boot(monkeypatch):
 
 
 def test_the_trigger_wraps_vllms_loader_and_lets_go_of_its_search(boot, monkeypatch):
-    monkeypatch.syspath_prepend(str(STANDINS / "vllm_complete"))
+    monkeypatch.syspath_prepend(str(VLLM_COMPLETE))
     trigger = boot.VllmImportTrigger()
     assert trigger.find_spec("vllm_other") is None and trigger.find_spec("vllm.config") is None
     spec = trigger.find_spec("vllm")

@@ -18,10 +18,10 @@ import shutil
 
 import pytest
 
-from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python
+from helpers import REPO, STANDINS, VLLM_COMPLETE, hermetic_env, json_lines, run_python
 
 CONTAINER_SITE = STANDINS / "container_site"
-COMPLETE = STANDINS / "vllm_complete"
+COMPLETE = VLLM_COMPLETE
 PRELUDE = f"import sys; sys.path.append({str(STANDINS)!r}); import mechanics\n"
 CODE = (
     "import sitecustomize\n"

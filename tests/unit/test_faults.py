@@ -13,6 +13,7 @@ depends on what vLLM does runs the real wheels in tests/real/test_processes.py.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -30,6 +31,8 @@ from helpers import (
     STANDINS,
     TARGETS,
     TOGGLES,
+    VLLM_COMPLETE,
+    VLLM_RENAMED,
     final_summary,
     hermetic_env,
     json_lines,
@@ -108,7 +111,7 @@ def no_wrapt_python(tmp_path_factory):
 
 def test_wrapt_missing_one_warning_shim_inactive_host_runs(no_wrapt_python):
     env = hermetic_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDINS / "vllm_complete")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(VLLM_COMPLETE)])
     code = "".join(f"import {t}\n" for t in TARGETS) + PRELUDE + "mechanics.emit(mechanics.report())\n"
     proc = run_python(["-c", code], python=no_wrapt_python, flags=["-O"], env=env)
     out = json_lines(proc.stdout)[0]
@@ -167,7 +170,7 @@ def test_vllm_missing_is_a_silent_no_op(tmp_path, interpreter):
 
 # -- a target symbol missing or renamed (stand-in vLLM) ------------------------------
 
-RENAMED = STANDINS / "vllm_renamed"
+RENAMED = VLLM_RENAMED
 
 
 def test_target_symbol_missing_warns_skips_host_runs():
@@ -183,13 +186,12 @@ def test_target_symbol_missing_warns_skips_host_runs():
     out = json_lines(proc.stdout)[0]
     assert out["values"] == [f"{t.split('.')[-1]} works" for t in TARGETS]
     assert out["wrapped"] == {}
-    assert out["states"] == {
-        "kv_spec_merge": "failed: vllm.v1.kv_cache_interface.KVCacheSpec not found",
-        "capture_workspace": "failed: CudaGraphManager._init_candidates not found",
-        "kda_overlong_rows": "failed: KimiK3KDAMetadataBuilder.build not found",
-    }
+    assert out["states"] == {  # what each patch's standins.py says it reads there
+        name: importlib.import_module(f"kimi_hotfix.patches.{name}.standins").RENAMED_STATE
+        for name in PATCHES}
+    assert all(state.startswith("failed: ") for state in out["states"].values())
     warnings = warning_lines(proc.stderr)
-    assert len(warnings) == 3 and all("could not apply" in w for w in warnings), proc.stderr
+    assert len(warnings) == len(PATCHES) and all("could not apply" in w for w in warnings), proc.stderr
     assert final_summary(proc.stderr).endswith(
         " | ".join(f"{name}: {text}" for name, text in out["states"].items()))
 
@@ -197,11 +199,12 @@ def test_target_symbol_missing_warns_skips_host_runs():
 def test_target_symbol_missing_strict_raises_at_import():
     env = hermetic_env(KIMI_HOTFIX_STRICT="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(RENAMED)])
-    proc = run_python(["-c", "import vllm.v1.kv_cache_interface\nprint('not reached')"],
-                      env=env, check=False)
+    first, target = PATCHES[0], TARGETS[0]
+    proc = run_python(["-c", f"import {target}\nprint('not reached')"], env=env, check=False)
     assert proc.returncode == 1 and "not reached" not in proc.stdout
-    assert ("kimi_hotfix.runtime.base.KimiHotfixError: kv_spec_merge: "
-            "vllm.v1.kv_cache_interface.KVCacheSpec not found") in proc.stderr
+    state = importlib.import_module(f"kimi_hotfix.patches.{first}.standins").RENAMED_STATE
+    assert (f"kimi_hotfix.runtime.base.KimiHotfixError: {first}: "
+            f"{state.removeprefix('failed: ')}") in proc.stderr
 
 
 # -- garbage in every environment variable ---------------------------------------------
@@ -330,7 +333,7 @@ def test_broken_install_says_inactive_and_strict_fails_the_import(tmp_path, entr
         shutil.copy2(REPO / "sitecustomize.py", shim / "sitecustomize.py")
     (shim / "kimi_hotfix" / "runtime" / "core.py").write_text("def arm(:\n")  # truncated on copy
     env = hermetic_env(KIMI_HOTFIX_STRICT="1" if strict else None)
-    env["PYTHONPATH"] = os.pathsep.join([str(shim), str(STANDINS / "vllm_complete")])
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), str(VLLM_COMPLETE)])
     code = ("import vllm.v1.kv_cache_interface\nprint('vLLM imported')\n"
             if entry == "sitecustomize" else PLUGIN_ENTRY)
     proc = run_python(["-c", code], env=env, check=False, cwd=tmp_path)  # not the checkout's

@@ -21,7 +21,17 @@ import os
 
 import pytest
 
-from helpers import OPT_FLAGS, REPO, STANDINS, hermetic_env, json_lines, run_python, summaries
+from helpers import (
+    OPT_FLAGS,
+    REPO,
+    STANDINS,
+    TARGETS,
+    VLLM_COMPLETE,
+    hermetic_env,
+    json_lines,
+    run_python,
+    summaries,
+)
 
 PACKAGE = REPO / "kimi_hotfix"
 LOCK_TYPES = {"Lock", "RLock", "Condition", "Semaphore", "BoundedSemaphore"}
@@ -33,8 +43,8 @@ CHILD = r"""
 import importlib, json, os, subprocess, sys
 sys.path.append(%(standins)r)
 import forks
-import vllm.v1.kv_cache_interface, vllm.v1.worker.gpu.cudagraph_utils
-import vllm.models.kimi_k3.nvidia.kda_metadata, vllm.config.vllm
+for target in %(targets)r + ["vllm.config.vllm"]:  # every patch's target, then a plain module
+    importlib.import_module(target)
 import kimi_hotfix
 
 def states():
@@ -102,8 +112,8 @@ def test_every_lock_in_the_source_has_a_fork_case():
 @pytest.mark.parametrize("opt", list(OPT_FLAGS))
 def test_fork_while_each_lock_is_held_finishes_with_true_states(opt):
     env = hermetic_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDINS / "vllm_complete")])
-    code = CHILD % {"standins": str(STANDINS), "late": LATE}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(VLLM_COMPLETE)])
+    code = CHILD % {"standins": str(STANDINS), "late": LATE, "targets": list(TARGETS)}
     proc = run_python(["-c", code], flags=OPT_FLAGS[opt], env=env, timeout=300)
     out = json_lines(proc.stdout)[0]
     parent = out["parent"]

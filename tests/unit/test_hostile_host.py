@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from kimi_hotfix.runtime import metrics, scrape
 
-from helpers import REPO, STANDINS, hermetic_env
+from helpers import REPO, VLLM_COMPLETE, hermetic_env
 
 NS = metrics._pid_ns()
 PARENT = os.getppid()
@@ -216,7 +216,7 @@ def world_readable_tree():
     os.chmod(root, 0o755)
     shutil.copytree(REPO / "kimi_hotfix", os.path.join(root, "repo", "kimi_hotfix"),
                     ignore=shutil.ignore_patterns("__pycache__", "_vendor"))
-    shutil.copytree(STANDINS / "vllm_complete", os.path.join(root, "standin"),
+    shutil.copytree(VLLM_COMPLETE, os.path.join(root, "standin"),
                     ignore=shutil.ignore_patterns("__pycache__"))
     with open(os.path.join(root, "standin", "vllm", "steer.py"), "w") as f:  # a site to scan
         f.write("def check(x):\n    assert x, 'x'\n\n\ndef planner(x):\n    try:\n"

@@ -3,7 +3,7 @@ table only; the first import of any target loads every patch module, so a
 broken one reads ``failed`` with its cause in every process that imports a
 target (whether or not it imports that patch's own), and strict mode fails
 that import. A copy of the package whose kda_overlong_rows module raises at
-import, on the stand-in vLLM (tests/standins/vllm_complete), in children."""
+import, on the stand-in vLLM (the "complete" tree, tests/standins/vllm_tree.py), in children."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from helpers import PATCHES, REPO, STANDINS, hermetic_env, json_lines, run_python
+from helpers import PATCHES, REPO, VLLM_COMPLETE, hermetic_env, json_lines, run_python
 
 CHILD = r'''
 import json, sys
@@ -52,7 +52,7 @@ def broken_copy(tmp_path_factory):
 @pytest.mark.parametrize("strict", [False, True])
 def test_the_first_target_import_loads_every_patch_and_a_broken_one_fails(broken_copy, strict):
     env = hermetic_env(KIMI_HOTFIX_STRICT="1" if strict else None)
-    env["PYTHONPATH"] = os.pathsep.join([str(broken_copy), str(STANDINS / "vllm_complete")])
+    env["PYTHONPATH"] = os.pathsep.join([str(broken_copy), str(VLLM_COMPLETE)])
     out = json_lines(run_python(["-c", CHILD], env=env, cwd=broken_copy).stdout)[-1]
     # arming loaded the table (kimi_hotfix.patches), no patch module, none of their helpers
     assert out["armed"] == {"loaded": ["kimi_hotfix.patches"], "broken": "pending"}

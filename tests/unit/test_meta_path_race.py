@@ -33,7 +33,7 @@ import os
 
 import pytest
 
-from helpers import REPO, STANDINS, hermetic_env, json_lines, run_python
+from helpers import REPO, VLLM_COMPLETE, hermetic_env, json_lines, run_python
 
 RACE = r'''
 import _imp, ast, contextlib, importlib, json, os, sys, threading
@@ -163,7 +163,7 @@ def test_meta_path_removal_under_another_threads_walk_fails_its_import(tmp_path,
         (package / f"{name}.py").write_text("HERE = True\n")
     env = hermetic_env(shim=shim)
     env["PYTHONPATH"] = os.pathsep.join(([str(REPO)] if shim else [])
-                                        + [str(STANDINS / "vllm_complete"), str(tmp_path)])
+                                        + [str(VLLM_COMPLETE), str(tmp_path)])
     proc = run_python(["-c", RACE], env=env, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     out = json_lines(proc.stdout)[0]

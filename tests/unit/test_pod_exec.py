@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from helpers import REPO, STANDINS, hermetic_env, warning_lines
+from helpers import REPO, VLLM_COMPLETE, hermetic_env, warning_lines
 
 TARGET = "import vllm.v1.kv_cache_interface"  # a patch's target: the shim arms, the exporter installs
 BEFORE = f"""
@@ -61,7 +61,7 @@ def run(tmp_path, mode):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = hermetic_env(TMPDIR=str(tmp))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDINS / "vllm_complete")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(VLLM_COMPLETE)])
     first = subprocess.Popen([sys.executable, "-c", BEFORE, AFTER, str(work), mode], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

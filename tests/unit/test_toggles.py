@@ -21,6 +21,8 @@ from helpers import (
     REPO,
     STANDINS,
     TARGETS,
+    VLLM_COMPLETE,
+    VLLM_RENAMED,
     final_summary,
     hermetic_env,
     json_lines,
@@ -36,7 +38,7 @@ IMPORT_TARGETS = "".join(f"import {t}\n" for t in TARGETS)
 @pytest.mark.parametrize("flags", [[], ["-O"]], ids=["plain", "O"])
 def test_an_unknown_kill_switch_value_turns_the_shim_off(flags):
     env = hermetic_env(KIMI_HOTFIX="disabled")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDINS / "vllm_complete")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(VLLM_COMPLETE)])
     proc = run_python(["-c", IMPORT_TARGETS + PRELUDE + "mechanics.emit(mechanics.report())\n"],
                       flags=flags, env=env)
     out = json_lines(proc.stdout)[0]
@@ -62,7 +64,7 @@ def test_an_unknown_kill_switch_value_turns_the_shim_off(flags):
 @pytest.mark.parametrize("flags", [[], ["-O"]], ids=["plain", "O"])
 def test_a_strict_typo_keeps_strict_mode_off(flags):
     env = hermetic_env(KIMI_HOTFIX_STRICT="ture")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDINS / "vllm_renamed")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(VLLM_RENAMED)])
     code = IMPORT_TARGETS + "print('imported')\n"
     proc = run_python(["-c", code], flags=flags, env=env)  # exits 0: nothing raised
     assert proc.stdout == "imported\n"
@@ -78,7 +80,7 @@ def test_a_long_unknown_kill_switch_value_is_cut_in_the_state():
     as the warning does: no 10 KB line per state change."""
     value = "x" * 10_000
     env = hermetic_env(KIMI_HOTFIX=value)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDINS / "vllm_complete")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(VLLM_COMPLETE)])
     proc = run_python(["-c", IMPORT_TARGETS + PRELUDE + "mechanics.emit(mechanics.report())\n"],
                       flags=["-O"], env=env)
     out = json_lines(proc.stdout)[0]

@@ -1,3 +1,13 @@
+"""Stand-ins for kv_spec_merge (the unit tier's fake vLLM, tests/standins/vllm_tree.py;
+NOT vLLM, never imported by a vLLM process).
+
+COMPLETE: each module as it looks where the patch applies. RENAMED: the target
+with the symbols the patch wraps renamed away (the tree adds HOST_VALUE), and
+RENAMED_STATE, the state the patch reads there: it warns, skips, the host runs.
+"""
+
+COMPLETE = {
+    "vllm.v1.kv_cache_interface": '''\
 """Stand-in (shim mechanics only, NOT vLLM): the names kv_spec_merge looks for.
 
 ``MLAAttentionSpec.merge`` guards the draft capability with a bare assert and
@@ -45,3 +55,17 @@ class MLAAttentionSpec(FullAttentionSpec):
         return cls(block_size=specs[0].block_size, num_kv_heads=specs[0].num_kv_heads,
                    head_size=specs[0].head_size, dtype=specs[0].dtype,
                    non_causal_multi_token_decode=flags.pop())
+''',
+}
+RENAMED = {
+    "vllm.v1.kv_cache_interface": '''\
+"""Stand-in (shim mechanics only, NOT vLLM): KVCacheSpec renamed away."""
+
+
+class KVCacheSpecBase:
+    @classmethod
+    def merge(cls, specs):
+        return specs[0]
+''',
+}
+RENAMED_STATE = "failed: vllm.v1.kv_cache_interface.KVCacheSpec not found"

@@ -1,1 +1,0 @@
-"""Stand-in package (shim mechanics tests only; not vLLM)."""
