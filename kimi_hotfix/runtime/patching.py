@@ -110,6 +110,22 @@ class Context(abc.ABC):
 QUALNAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
+def find(module: Any, qualname: str) -> tuple:
+    """``(owner, attr)`` of ``qualname`` ("func" or "Class.method") in
+    ``module``: each part an attribute of its owner's own ``__dict__`` (a
+    method a class inherits is not its own); PatchError "<qualname> not found"
+    where any part is missing."""
+    *path, attr = qualname.split(".")
+    owner = module
+    for part in path:
+        owner = getattr(owner, "__dict__", {}).get(part)
+        if not isinstance(owner, type):
+            raise PatchError(f"{qualname} not found")
+    if attr not in getattr(owner, "__dict__", {}):
+        raise PatchError(f"{qualname} not found")
+    return owner, attr
+
+
 class Patch(abc.ABC):
     """One hotfix: a module under kimi_hotfix.patches defines one subclass and
     an instance named ``PATCH``. Its name and target come from the table
