@@ -422,8 +422,11 @@ def status_report() -> dict:
         except Exception as exc:  # its metadata (kimi_hotfix.tools.parity_probe) cannot load
             if not any(b["module"] == "kimi_hotfix.runtime.parity" for b in broken):  # named already
                 broken.append({"module": "kimi_hotfix.tools.parity_probe", "error": describe(exc)})
+    unreadable = []  # about.py files that cannot load: the tools' view only, vLLM still arms
     for name, patch in (registry.patches().items() if usable else ()):
         info = about.of(name)  # what the tools say about it (its about.py)
+        if isinstance(info, about.Unknown):
+            unreadable.append({"module": f"kimi_hotfix.patches.{name}.about", "error": info.why})
         if core is None:  # nothing can arm: every patch fails with the cause
             first = broken[0]
             state = State(Kind.FAILED, f"the shim cannot arm: {first['module']} cannot load "
@@ -465,7 +468,7 @@ def status_report() -> dict:
         "plugin": plugin,
         "o_parity": parity,  # -O parity: armed by the shim, not a patch (kimi_hotfix.runtime.parity)
         "patches": patches,
-        "broken": broken,
+        "broken": broken + unreadable,
     }
 
 
