@@ -8,9 +8,10 @@ subclass and ``PATCH``; its header says why it exists, what it changes, the
 upstream fix and the release that carries it, and how the patch decides it is
 no longer needed); ``about.py``, what the tools say about it
 (kimi_hotfix.tools.about); ``probe.py``, its preflight probe (``check``);
-``standins.py``, the stand-in target modules the unit tier builds; where
-the audit has rows the patch covers, ``covers.py``. Adding a
-patch: ``scripts/new-patch NAME MODULE:QUALNAME`` (DEVELOPING.md).
+``standins.py``, the stand-in target modules the unit tier builds
+(tests/standins/vllm_tree.py); where the audit has rows the patch covers,
+``covers.py`` (kimi_hotfix.tools.audit.reviewed). Adding a patch: ``scripts/new-patch NAME
+MODULE:QUALNAME`` (DEVELOPING.md).
 """
 
 PATCHES = {

@@ -240,7 +240,7 @@ def fork_safety(config):
     parent["states"] = states()
     parent["getter"] = forks.outcome(parallel_state.get_inner_dp_world_group)
     popen = subprocess.Popen([sys.executable, "-c", "pass"], preexec_fn=lambda: None)
-    popen.wait()
+    popen.wait(60)
     forked = os.fork()
     if forked == 0:
         os._exit(0)

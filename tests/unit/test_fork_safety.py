@@ -61,7 +61,7 @@ parent = {"states": states(), "late_imported": %(late)r in sys.modules}
 importlib.import_module(%(late)r)
 parent["states_after_late"] = states()
 popen = subprocess.Popen([sys.executable, "-c", "pass"], preexec_fn=lambda: None)
-popen.wait()
+popen.wait(60)
 forked = os.fork()
 if forked == 0:
     os._exit(0)

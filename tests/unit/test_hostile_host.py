@@ -180,7 +180,7 @@ def test_a_sigkilled_creators_pod_directory_is_swept_and_a_live_ones_is_not(tmp_
         assert not os.path.exists(made)
     finally:
         creator.kill()
-        creator.wait()
+        creator.wait(30)
         creator.stdout.close()
 
 

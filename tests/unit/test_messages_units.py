@@ -37,7 +37,7 @@ def test_title_role_reads_vllms_process_title(title, role):
         assert identity.title_role(proc.pid) == role
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait(30)
 
 
 def test_title_role_of_no_such_process_is_empty():

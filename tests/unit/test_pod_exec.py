@@ -68,7 +68,7 @@ def run(tmp_path, mode):
         deadline = time.monotonic() + 120
         while not (work / "ready").exists():
             if first.poll() is not None or time.monotonic() > deadline:
-                out, err = first.communicate()
+                out, err = first.communicate(timeout=60)
                 raise AssertionError(f"the exec'd image never got ready (exit {first.returncode})"
                                      f"\n{out}\n{err}")
             time.sleep(0.05)
