@@ -366,6 +366,17 @@ def _broken(plugin) -> list:
     return found
 
 
+def _tools_broken() -> list:
+    """The tools' packages (what status and check load, never a vLLM process)
+    whose ``__init__.py`` is gone: Python loads them as namespace packages and
+    runs on, so status says so (exit 1) without changing the gate."""
+    return [{"module": name, "error": f"{name.replace('.', '/')}/__init__.py is missing: an "
+                                      "incomplete copy of the shim"}
+            for name, module in list(sys.modules.items())
+            if (name == "kimi_hotfix.tools" or name.startswith("kimi_hotfix.tools."))
+            and hasattr(module, "__path__") and getattr(module, "__file__", None) is None]
+
+
 def _failed_bootstrap():
     """The shim's sitecustomize.py on PYTHONPATH where site.py ran, but neither
     it nor any other sitecustomize loaded: it failed at start-up (site.py
@@ -422,7 +433,7 @@ def status_report() -> dict:
         except Exception as exc:  # its metadata (kimi_hotfix.tools.parity_probe) cannot load
             if not any(b["module"] == "kimi_hotfix.runtime.parity" for b in broken):  # named already
                 broken.append({"module": "kimi_hotfix.tools.parity_probe", "error": describe(exc)})
-    unreadable = []  # about.py files that cannot load: the tools' view only, vLLM still arms
+    unreadable = _tools_broken()  # the tools' files only (and about.py below): vLLM still arms
     for name, patch in (registry.patches().items() if usable else ()):
         info = about.of(name)  # what the tools say about it (its about.py)
         if isinstance(info, about.Unknown):

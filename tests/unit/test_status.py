@@ -259,26 +259,33 @@ def test_status_finds_vllm_whatever_distribution_provides_it(tmp_path, dist_name
                for p in report["patches"])
 
 
-def test_a_broken_about_py_reads_broken_in_status_and_vllm_still_arms(tmp_path):
-    """about.py is the tools' view of a patch (kimi_hotfix.tools.about): where it
-    cannot load, status names it under BROKEN and exits 1, that patch's entry says
-    why, and the gate (what a vLLM process arms) does not change: a vLLM process
-    never loads about.py."""
+@pytest.mark.parametrize("broken", ["about.py", "tools/__init__.py"])
+def test_a_broken_tool_file_reads_broken_in_status_and_vllm_still_arms(tmp_path, broken):
+    """about.py is the tools' view of a patch (kimi_hotfix.tools.about), and
+    kimi_hotfix/tools/ the tools' package (without its __init__.py Python loads
+    it as a namespace package and runs on): where either is broken, status names
+    it under BROKEN and exits 1, and the gate (what a vLLM process arms) does not
+    change: a vLLM process loads neither."""
     import shutil
     shim = tmp_path / "shim"
     shutil.copytree(REPO / "kimi_hotfix", shim / "kimi_hotfix",
                     ignore=shutil.ignore_patterns("__pycache__"))
     name = patch_names()[-1]
-    (shim / "kimi_hotfix" / "patches" / name / "about.py").write_text("ABOUT = (\n")
+    if broken == "about.py":
+        (shim / "kimi_hotfix" / "patches" / name / "about.py").write_text("ABOUT = (\n")
+        module, error = f"kimi_hotfix.patches.{name}.about", "SyntaxError"
+    else:
+        (shim / "kimi_hotfix" / "tools" / "__init__.py").unlink()
+        module, error = "kimi_hotfix.tools", "kimi_hotfix/tools/__init__.py is missing"
     healthy = status(flags=["-O"])
     proc = run_python([str(shim / "kimi_hotfix"), "status", "--json"], flags=["-O"], check=False)
     report = json.loads(proc.stdout)
     assert proc.returncode == 1, proc.stderr
-    (broken,) = report["broken"]
-    assert broken["module"] == f"kimi_hotfix.patches.{name}.about"
-    assert "SyntaxError" in broken["error"], broken
+    (found,) = report["broken"]
+    assert found["module"] == module and error in found["error"], found
     assert (report["active"], report["active_reason"]) == (healthy["active"], healthy["active_reason"])
     entry = {p["name"]: p for p in report["patches"]}[name]
-    assert entry["summary"].startswith(f"cannot load kimi_hotfix.patches.{name}.about"), entry
-    assert [p for p in report["patches"] if p["name"] != name] == [
-        p for p in healthy["patches"] if p["name"] != name]
+    if broken == "about.py":
+        assert entry["summary"].startswith(f"cannot load kimi_hotfix.patches.{name}.about"), entry
+    assert [p for p in report["patches"] if p["name"] != name or broken != "about.py"] == [
+        p for p in healthy["patches"] if p["name"] != name or broken != "about.py"]
