@@ -6,7 +6,7 @@
 
 (a) per function, targeted (the design before issue 37): recompile each named
     function from vLLM's own source with its asserts as explicit raises
-    (``AssertToRaise`` below, what kimi_hotfix/hardening.py did), checked byte
+    (``AssertToRaise`` below, what the shim's hardening module did before -O parity), checked byte
     for byte against the running code (kimi_hotfix.runtime.recompile), one patch per
     site found. Here: the 11 functions three patches covered, plus the 9
     functions behind the 9 vLLM tests -O still failed (issue 37).
@@ -33,8 +33,7 @@ both compile every module), paired, one child per measurement; and the
 resident memory after that import, without and with parity (under -OO:
 docstrings kept).
 Part 3, the hot path: operations an engine step runs (the free-block queue,
-the block pool's allocate and free, the scheduler-side KV-cache manager's
-allocate_slots), with vLLM's -O code and with plain code (parity: the asserts
+the block pool's allocate and free), with vLLM's -O code and with plain code (parity: the asserts
 in them run), paired iterations in one process.
 """
 
