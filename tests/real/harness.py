@@ -217,23 +217,35 @@ def vllm_location(python) -> Path:
     return Path(proc.stdout.strip()).parent
 
 
+def _overlay_module():
+    """upstream/overlay.py, loaded as a module (it is a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kimi_upstream_overlay",
+                                                  REPO / "upstream" / "overlay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _session_root() -> Path:
+    """Where a session's shared trees go: the test cache every xdist worker sees,
+    else a directory of this process's own."""
+    import tempfile
+
+    shared = os.environ.get("KIMI_HOTFIX_TEST_CACHE")
+    return Path(shared) if shared else Path(tempfile.mkdtemp())
+
+
 def upstream_overlay(release) -> dict:
     """Every patch in upstream/ applied to ``release``'s vLLM in an overlay (built
     once): one file concatenating them, which ``patch -p1`` applies in turn."""
     with _overlay_lock:
         if release not in _overlays:
-            import importlib.util
-            import tempfile
-
-            spec = importlib.util.spec_from_file_location("kimi_upstream_overlay",
-                                                          REPO / "upstream" / "overlay.py")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            site = vllm_location(venv_python(release))
-            shared = os.environ.get("KIMI_HOTFIX_TEST_CACHE")
+            module, site = _overlay_module(), vllm_location(venv_python(release))
             # one overlay per session: every xdist worker uses the one the first built
             # (so the children that run on it are cached like the others)
-            root = Path(shared) if shared else Path(tempfile.mkdtemp())
+            root = _session_root()
             dest = root / f"overlay-{release}"
             with open(root / f"overlay-{release}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
@@ -264,17 +276,10 @@ def stale_tree(release) -> Path:
     venv is not touched. Built once per session."""
     with _overlay_lock:
         if release not in _stale_trees:
-            import importlib.util
             import shutil
-            import tempfile
 
-            spec = importlib.util.spec_from_file_location("kimi_upstream_overlay",
-                                                          REPO / "upstream" / "overlay.py")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            site = vllm_location(venv_python(release))
-            shared = os.environ.get("KIMI_HOTFIX_TEST_CACHE")
-            root = Path(shared) if shared else Path(tempfile.mkdtemp())
+            module, site = _overlay_module(), vllm_location(venv_python(release))
+            root = _session_root()
             dest = root / f"stale-{release}"
             with open(root / f"stale-{release}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
